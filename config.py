@@ -155,7 +155,7 @@ def _backend_config(name: str, env: Mapping[str, str]) -> BackendConfig:
         raise ConfigurationError(
             f"Backend {name!r} has kind {kind!r}; set {prefix}KIND to one of: {', '.join(KINDS)}."
         )
-    route = get("TGI_ROUTE", get("ROUTE", "messages")).lower()
+    route = (get("ROUTE") or "messages").lower()
     if kind == "tgi" and route not in ("messages", "generate"):
         raise ConfigurationError(f"{prefix}ROUTE={route!r}: use 'messages' or 'generate'.")
     values = dict(

@@ -192,7 +192,7 @@ class LlamaCppBackend:
         except (FileNotFoundError, ValueError, OSError) as error:
             raise BackendUnavailable(
                 self.label, str(self.model.path), f"could not load the model ({error}).",
-                hint="Set LLAMA_CPP_MODEL_PATH in .env to a readable GGUF file.",
+                hint=f"Set {self.config.env_prefix}MODEL_PATH in .env to a readable GGUF file.",
             ) from error
 
     async def health(self) -> None:
