@@ -23,8 +23,8 @@ from backends.errors import ConfigurationError
 KINDS = ("llamacpp", "vllm", "openai", "tgi")
 DEFAULT_BACKENDS = "llama_cpp,vllm,tgi"
 DEFAULT_URLS = {
-    "vllm": "http://127.0.0.1:8000/v1",
-    "openai": "http://127.0.0.1:8000/v1",
+    "vllm": "http://127.0.0.1:8001/v1",
+    "openai": "http://127.0.0.1:8001/v1",
     "tgi": "http://127.0.0.1:8080",
 }
 DEFAULT_LABELS = {

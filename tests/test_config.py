@@ -11,7 +11,7 @@ def test_default_backends_are_the_three_stacks():
     configs = {c.name: c for c in backend_configs({})}
     assert list(configs) == ["llama_cpp", "vllm", "tgi"]
     assert configs["llama_cpp"].kind == "llamacpp" and configs["llama_cpp"].label == "llama.cpp (embedded)"
-    assert configs["vllm"].base_url == "http://127.0.0.1:8000/v1"
+    assert configs["vllm"].base_url == "http://127.0.0.1:8001/v1"
     assert configs["tgi"].tgi_route == "messages"
 
 
