@@ -1,0 +1,306 @@
+"""vLLM and any other OpenAI-compatible server, through the `openai` package.
+
+Kind "vllm" asks for `continuous_usage_stats`, so every streamed chunk carries
+the cumulative completion-token count and each chunk's exact token count is
+the difference to the previous one. Kind "openai" (llama.cpp's server, other
+engines) asks only for `include_usage`: chunks carry no counts (the
+measurement marks its count estimated) and the closing usage, where the
+server sends one, becomes the server's figures.
+
+The parsing of chunks and errors is in small pure functions below, tested on
+chunks recorded from a real vLLM server (tests/test_openai_parsing.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import openai
+
+from backends.base import BackendInfo, ChatMessage, GenerationParams, ServerFigures, StreamChunk
+from backends.errors import (
+    BackendError,
+    BackendOverloaded,
+    BackendTimeout,
+    BackendUnavailable,
+    GenerationFailed,
+    InputRejected,
+)
+from config import BackendConfig
+
+VLLM_START_COMMAND = "bash scripts/vllm_server.sh"
+# Sent when no key is configured: the client library insists on one, servers started without
+# --api-key ignore it.
+PLACEHOLDER_API_KEY = "not-needed"
+
+
+# ---------------------------------------------------------------- pure parsing
+
+
+def parse_chunk(
+    data: Mapping[str, Any], completion_tokens_so_far: int, *, usage_source: str
+) -> tuple[StreamChunk | None, int]:
+    """Turn one `chat.completion.chunk` (as JSON) into a StreamChunk.
+
+    `completion_tokens_so_far` is the cumulative completion-token count seen
+    on earlier chunks. Returns the chunk to pass on (None for chunks that
+    carry nothing: the empty role delta) and the new cumulative count.
+
+    - A chunk with `usage` (vLLM `continuous_usage_stats`) holds exactly
+      `usage.completion_tokens - completion_tokens_so_far` tokens, even when
+      its text is empty (vLLM holds back partial UTF-8 characters) or when
+      it carries several tokens at once.
+    - A chunk without usage: token_count None (the protocol does not say).
+    - The closing usage chunk (`choices == []`) carries no text or tokens, only
+      the server's own figures.
+    """
+    usage = data.get("usage") or None
+    choices = data.get("choices") or []
+    if not choices:
+        if usage is None:
+            return None, completion_tokens_so_far
+        figures = ServerFigures(
+            source=usage_source,
+            output_tokens=usage.get("completion_tokens"),
+            input_tokens=usage.get("prompt_tokens"),
+        )
+        return StreamChunk(text="", token_count=0, server_figures=figures), completion_tokens_so_far
+    choice = choices[0]
+    delta = choice.get("delta") or {}
+    text = delta.get("content") or ""
+    finish_reason = choice.get("finish_reason")
+    token_count: int | None = None
+    if usage is not None and usage.get("completion_tokens") is not None:
+        cumulative = int(usage["completion_tokens"])
+        token_count = max(0, cumulative - completion_tokens_so_far)
+        completion_tokens_so_far = max(cumulative, completion_tokens_so_far)
+    if not text and not token_count and not finish_reason:
+        return None, completion_tokens_so_far
+    chunk = StreamChunk(text=text, token_count=token_count, finish_reason=finish_reason)
+    return chunk, completion_tokens_so_far
+
+
+def error_message(body: object, fallback: str = "") -> str:
+    """The human message inside an error body, whatever shape the server used.
+
+    Handles OpenAI/vLLM `{"error": {"message": ...}}`, the inner
+    `{"message": ...}` (what the openai package keeps as `.body`), older vLLM
+    `{"object": "error", "message": ...}`, FastAPI `{"detail": ...}` and
+    plain strings.
+    """
+    if isinstance(body, Mapping):
+        if "error" in body and body["error"]:
+            return error_message(body["error"], fallback)
+        for key in ("message", "detail", "msg"):
+            value = body.get(key)
+            if isinstance(value, str) and value:
+                return value
+            if isinstance(value, list) and value:
+                return "; ".join(error_message(item, str(item)) for item in value)
+        return fallback
+    if isinstance(body, str) and body.strip():
+        return body.strip()
+    return fallback
+
+
+def server_root(base_url: str) -> str:
+    """The server's root URL (where vLLM serves /health, /version, /tokenize) from its /v1 base URL."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+# ---------------------------------------------------------------- backend
+
+
+class OpenAICompatBackend:
+    """A backend for vLLM (kind "vllm") or any OpenAI-compatible server (kind "openai")."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.name = config.name
+        self.kind = config.kind
+        self.label = config.label
+        self.url = config.base_url
+        self._config = config
+        self._root_url = server_root(config.base_url)
+        self._client = openai.AsyncOpenAI(
+            base_url=config.base_url,
+            api_key=config.api_key or PLACEHOLDER_API_KEY,
+            max_retries=0,
+            timeout=openai.Timeout(config.timeout_s, connect=config.connect_timeout_s),
+        )
+        self._served_models: list[dict[str, Any]] | None = None
+
+    @property
+    def is_vllm(self) -> bool:
+        return self.kind == "vllm"
+
+    @property
+    def _usage_source(self) -> str:
+        return "vLLM usage" if self.is_vllm else f"{self.label} usage"
+
+    # ------------------------------------------------------------ streaming
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], params: GenerationParams
+    ) -> AsyncIterator[StreamChunk]:
+        """Stream the reply; closing this generator closes the HTTP stream (vLLM then aborts)."""
+        model = await self.model_id()
+        stream_options: dict[str, Any] = {"include_usage": True}
+        if self.is_vllm:
+            stream_options["continuous_usage_stats"] = True
+        request: dict[str, Any] = dict(
+            model=model,
+            messages=[message.as_dict() for message in messages],
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            stream=True,
+            stream_options=stream_options,
+        )
+        if params.seed is not None:
+            request["seed"] = params.seed
+        try:
+            response_stream = await self._client.chat.completions.create(**request)
+        except openai.APIError as error:
+            raise self._translate(error) from error
+        completion_tokens_so_far = 0
+        try:
+            async for completion_chunk in response_stream:
+                chunk, completion_tokens_so_far = parse_chunk(
+                    completion_chunk.to_dict(), completion_tokens_so_far, usage_source=self._usage_source
+                )
+                if chunk is not None:
+                    yield chunk
+        except openai.APIError as error:
+            raise self._translate(error) from error
+        finally:
+            await response_stream.close()
+
+    # ------------------------------------------------------------ metadata
+
+    async def _models(self) -> list[dict[str, Any]]:
+        """The server's `/v1/models` entries (cached once they list at least one)."""
+        if self._served_models is None:
+            try:
+                listing = await self._client.get("/models", cast_to=object)
+            except openai.APIError as error:
+                raise self._translate(error) from error
+            models = list(listing.get("data") or []) if isinstance(listing, Mapping) else []
+            if not models:
+                raise BackendUnavailable(
+                    self.label, self.url, "the server lists no model at /v1/models.",
+                    hint="Wait until it has loaded its model, or check the server's log.",
+                )
+            self._served_models = models
+        return self._served_models
+
+    async def model_id(self) -> str:
+        """The configured model, else the first one the server lists."""
+        if self._config.model:
+            return self._config.model
+        return str((await self._models())[0]["id"])
+
+    async def info(self) -> BackendInfo:
+        model = await self.model_id()
+        entry = next((m for m in await self._models() if m.get("id") == model), {})
+        context_length = entry.get("max_model_len")
+        server_version = None
+        if self.is_vllm:
+            version = await self._optional_json("/version")
+            if isinstance(version, Mapping) and version.get("version"):
+                server_version = f"vLLM {version['version']}"
+        details = {"owned_by": str(entry["owned_by"])} if entry.get("owned_by") else {}
+        return BackendInfo(
+            model_id=model,
+            context_length=int(context_length) if context_length else None,
+            server_version=server_version,
+            details=details,
+        )
+
+    async def health(self) -> None:
+        try:
+            if self.is_vllm:
+                await self._client.get(f"{self._root_url}/health", cast_to=str)
+            else:
+                await self._client.get("/models", cast_to=object)
+        except openai.APIError as error:
+            raise self._translate(error) from error
+
+    async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
+        """vLLM's `/tokenize` with the chat template applied; None where the server has no such route."""
+        if not self.is_vllm:
+            return None
+        body = {
+            "model": await self.model_id(),
+            "messages": [message.as_dict() for message in messages],
+            "add_generation_prompt": True,
+        }
+        try:
+            result = await self._client.post(f"{self._root_url}/tokenize", body=body, cast_to=object)
+        except openai.NotFoundError:
+            return None
+        except openai.APIError as error:
+            raise self._translate(error) from error
+        count = result.get("count") if isinstance(result, Mapping) else None
+        return int(count) if count is not None else None
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def _optional_json(self, path: str) -> object | None:
+        """GET a root path that not every server has; None when it is missing."""
+        try:
+            return await self._client.get(f"{self._root_url}{path}", cast_to=object)
+        except openai.NotFoundError:
+            return None
+        except openai.APIError as error:
+            raise self._translate(error) from error
+
+    # ------------------------------------------------------------ errors
+
+    def _translate(self, error: openai.APIError) -> BackendError:
+        """Map an `openai` exception to the typed error a person can act on."""
+        prefix = self._config.env_prefix
+        where = (self.label, self.url)
+        if isinstance(error, openai.APITimeoutError):
+            return BackendTimeout(
+                *where,
+                f"the server did not answer in time (limits: {self._config.connect_timeout_s:g} s to connect, "
+                f"{self._config.timeout_s:g} s between replies).",
+                hint=f"It may be overloaded; {prefix}TIMEOUT_S and {prefix}CONNECT_TIMEOUT_S in .env set the limits.",
+            )
+        if isinstance(error, openai.APIConnectionError):
+            start = f"Start it with `{VLLM_START_COMMAND}`" if self.is_vllm else "Start the server"
+            return BackendUnavailable(
+                *where, "the server is not reachable (connection refused or dropped).",
+                hint=f"{start}, or check {prefix}BASE_URL in .env.",
+            )
+        message = error_message(error.body, fallback=error.message)
+        if not isinstance(error, openai.APIStatusError):
+            # An error event inside a stream that had already started (`data: {"error": ...}`).
+            return GenerationFailed(*where, f"generation failed: {message}")
+        status = error.status_code
+        if status in (400, 422):
+            return InputRejected(*where, f"the server rejected the request: {message}")
+        if status == 429:
+            return BackendOverloaded(*where, f"the server is at capacity: {message}", hint="Try again shortly.")
+        if status in (401, 403):
+            return BackendUnavailable(
+                *where, f"the server refused the API key (HTTP {status}): {message}",
+                hint=f"Set {prefix}API_KEY in .env to the server's key.",
+            )
+        if status == 404:
+            if self._config.model and "model" in message.lower():
+                return BackendUnavailable(
+                    *where, f"the server does not serve the model {self._config.model!r}: {message}",
+                    hint=f"Set {prefix}MODEL in .env to a model listed at /v1/models, or leave it empty.",
+                )
+            return BackendUnavailable(
+                *where, f"not found (HTTP 404): {message}",
+                hint=f"Check {prefix}BASE_URL in .env (OpenAI-compatible servers usually end in /v1).",
+            )
+        if status == 503:
+            return BackendUnavailable(*where, f"the server is not ready: {message}", hint="Try again shortly.")
+        if status >= 500:
+            return GenerationFailed(*where, f"server error (HTTP {status}): {message}")
+        return GenerationFailed(*where, f"unexpected HTTP {status}: {message}")

@@ -1,0 +1,246 @@
+"""The OpenAI-protocol parsing, on chunks recorded from a real vLLM 0.32 server.
+
+Recordings (tests/recordings/):
+- continuous-usage-multi-token: `continuous_usage_stats` with `--stream-interval 4`,
+  so chunks hold 1, 4, 4 and 1 tokens;
+- continuous-usage-chinese: Chinese output, where vLLM sends empty-text chunks for
+  tokens that end inside a UTF-8 character;
+- include-usage-only: what kind "openai" asks for: no counts until the closing usage;
+- in-band-error: an error event after the stream started;
+- context-too-long.json: the HTTP 400 body for a prompt over max_model_len.
+
+The error mapping is checked end to end through the openai client against a
+loopback server that replays those recorded bodies (with 400/429/401/500) or
+stays silent: answers a healthy vLLM cannot be made to give on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.base import ChatMessage, GenerationParams, ServerFigures, StreamChunk
+from backends.errors import (
+    BackendOverloaded,
+    BackendTimeout,
+    BackendUnavailable,
+    GenerationFailed,
+    InputRejected,
+)
+from backends.openai_compat import OpenAICompatBackend, error_message, parse_chunk, server_root
+from config import BackendConfig
+from timing import StreamMeter
+
+RECORDINGS = Path(__file__).parent / "recordings"
+USAGE_SOURCE = "vLLM usage"
+
+
+def recorded_chunks(name: str) -> list[dict]:
+    """The JSON of every `data:` event in a recorded SSE stream, up to `[DONE]`."""
+    chunks = []
+    for line in (RECORDINGS / name).read_text(encoding="utf-8").splitlines():
+        if not line.startswith("data: "):
+            continue
+        payload = line[len("data: "):]
+        if payload == "[DONE]":
+            break
+        chunks.append(json.loads(payload))
+    return chunks
+
+
+def parse_all(chunks: list[dict]) -> list[StreamChunk]:
+    parsed, so_far = [], 0
+    for data in chunks:
+        chunk, so_far = parse_chunk(data, so_far, usage_source=USAGE_SOURCE)
+        if chunk is not None:
+            parsed.append(chunk)
+    return parsed
+
+
+MULTI_TOKEN = recorded_chunks("vllm-0.32-continuous-usage-multi-token.sse")
+
+
+def test_role_delta_is_skipped_and_counts_nothing():
+    role_delta = MULTI_TOKEN[0]
+    assert role_delta["choices"][0]["delta"]["role"] == "assistant"
+    assert parse_chunk(role_delta, 0, usage_source=USAGE_SOURCE) == (None, 0)
+
+
+def test_content_chunk_counts_the_usage_delta():
+    chunk, so_far = parse_chunk(MULTI_TOKEN[1], 0, usage_source=USAGE_SOURCE)
+    assert chunk == StreamChunk(text="Hello", token_count=1)
+    assert so_far == 1
+
+
+def test_multi_token_chunk_counts_all_its_tokens():
+    chunk, so_far = parse_chunk(MULTI_TOKEN[2], 1, usage_source=USAGE_SOURCE)
+    assert chunk.text == ", welcome to my"
+    assert chunk.token_count == 4
+    assert so_far == 5
+
+
+def test_finish_reason_rides_on_its_chunk():
+    chunk, _ = parse_chunk(MULTI_TOKEN[4], 9, usage_source=USAGE_SOURCE)
+    assert (chunk.text, chunk.token_count, chunk.finish_reason) == (" world", 1, "length")
+
+
+def test_final_usage_chunk_becomes_server_figures():
+    final = MULTI_TOKEN[-1]
+    assert final["choices"] == []
+    chunk, so_far = parse_chunk(final, 10, usage_source=USAGE_SOURCE)
+    assert chunk == StreamChunk(
+        text="", token_count=0,
+        server_figures=ServerFigures(source=USAGE_SOURCE, output_tokens=10, input_tokens=36),
+    )
+    assert so_far == 10
+
+
+def test_whole_stream_counts_match_server_usage_exactly():
+    parsed = parse_all(MULTI_TOKEN)
+    assert "".join(c.text for c in parsed) == "Hello, welcome to my little corner of the world"
+    assert [c.token_count for c in parsed] == [1, 4, 4, 1, 0]
+    meter = StreamMeter(clock=iter(range(100)).__next__)
+    for chunk in parsed:
+        meter.observe(chunk)
+    record = meter.finish("completed", backend="vllm", model="m")
+    assert (record.output_tokens, record.tokens_exact, record.count_disagreement) == (10, True, None)
+    assert record.server_output_tokens == 10 and record.server_input_tokens == 36
+
+
+def test_tokens_inside_a_utf8_character_are_counted_without_text():
+    parsed = parse_all(recorded_chunks("vllm-0.32-continuous-usage-chinese.sse"))
+    text = "".join(c.text for c in parsed)
+    assert "晨" in text and "\ufffd" not in text
+    empty_but_counted = [c for c in parsed if not c.text and c.token_count]
+    assert empty_but_counted, "vLLM sends a chunk per token even when the text is held back"
+    assert sum(c.token_count for c in parsed) == parsed[-1].server_figures.output_tokens == 20
+
+
+def test_include_usage_only_marks_counts_unknown_until_the_server_says():
+    parsed = parse_all(recorded_chunks("vllm-0.32-include-usage-only.sse"))
+    assert [c.token_count for c in parsed[:-1]] == [None, None, None, None]
+    assert parsed[-1].server_figures.output_tokens == 10
+    meter = StreamMeter(clock=iter(range(100)).__next__)
+    for chunk in parsed:
+        meter.observe(chunk)
+    record = meter.finish("completed", backend="openai", model="m")
+    # Four chunks held ten tokens: the estimate is replaced by the server's exact count.
+    assert (record.output_tokens, record.tokens_exact) == (10, True)
+    assert "usage" in record.token_source
+
+
+def test_error_message_from_the_context_length_error():
+    body = json.loads((RECORDINGS / "vllm-0.32-context-too-long.json").read_text())
+    assert error_message(body).startswith("This model's maximum context length is 2048 tokens.")
+    assert error_message(body["error"]) == error_message(body)  # the openai package keeps the inner dict
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"object": "error", "message": "old vLLM shape"}, "old vLLM shape"),
+        ({"detail": [{"msg": "field required"}, {"msg": "bad type"}]}, "field required; bad type"),
+        ("plain text error", "plain text error"),
+        (None, "fallback"),
+    ],
+)
+def test_error_message_shapes(body, expected):
+    assert error_message(body, fallback="fallback") == expected
+
+
+def test_server_root():
+    assert server_root("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000"
+    assert server_root("http://host/proxy/v1/") == "http://host/proxy"
+    assert server_root("http://host:8080") == "http://host:8080"
+
+
+class CannedServer:
+    """A loopback HTTP server that answers every request with the same bytes (or never answers).
+
+    For the answers a healthy vLLM cannot be made to give on demand: an in-band
+    error event, 429, 401, silence. The bodies are vLLM's own shapes.
+    """
+
+    def __init__(self, response: bytes | None) -> None:
+        self.response = response
+        self.server: asyncio.base_events.Server | None = None
+
+    @classmethod
+    def replying(cls, status: str, body: bytes, content_type: str = "application/json") -> "CannedServer":
+        head = f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\nconnection: close\r\n"
+        return cls(head.encode() + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        headers = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            (int(line.split(b":")[1]) for line in headers.split(b"\r\n") if line.lower().startswith(b"content-length")),
+            0,
+        )
+        await reader.readexactly(length)
+        if self.response is None:
+            await reader.read()  # say nothing until the client gives up
+        else:
+            writer.write(self.response)
+            await writer.drain()
+        writer.close()
+
+
+async def stream_all(base_url: str, received: list[str] | None = None, **config) -> list[str]:
+    """Stream a reply from `base_url` with the vLLM backend; the text pieces land in `received`."""
+    backend = OpenAICompatBackend(
+        BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=base_url, model="smollm2-135m-instruct", **config)
+    )
+    received = [] if received is None else received
+    try:
+        async for chunk in backend.stream([ChatMessage("user", "hi")], GenerationParams(max_new_tokens=10)):
+            received.append(chunk.text)
+    finally:
+        await backend.aclose()
+    return received
+
+
+async def test_in_band_error_event_raises_generation_failed_after_the_text_so_far():
+    body = (RECORDINGS / "vllm-0.32-in-band-error.sse").read_bytes()
+    received: list[str] = []
+    async with CannedServer.replying("200 OK", body, "text/event-stream") as base_url:
+        with pytest.raises(GenerationFailed) as raised:
+            await stream_all(base_url, received)
+    assert received == ["Hello", ", welcome to my", " little corner of the"]
+    assert "Internal server error" in str(raised.value)
+    assert base_url in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type", "expected_in_message"),
+    [
+        ("400 Bad Request", InputRejected, "maximum context length is 2048 tokens"),
+        ("429 Too Many Requests", BackendOverloaded, "maximum context length"),
+        ("401 Unauthorized", BackendUnavailable, "VLLM_API_KEY"),
+        ("500 Internal Server Error", GenerationFailed, "HTTP 500"),
+    ],
+)
+async def test_http_errors_become_typed_errors(status, error_type, expected_in_message):
+    body = (RECORDINGS / "vllm-0.32-context-too-long.json").read_bytes()
+    async with CannedServer.replying(status, body) as base_url:
+        with pytest.raises(error_type) as raised:
+            await stream_all(base_url)
+    assert expected_in_message in str(raised.value)
+    assert base_url in str(raised.value)
+
+
+async def test_silent_server_times_out():
+    async with CannedServer(None) as base_url:
+        with pytest.raises(BackendTimeout) as raised:
+            await stream_all(base_url, timeout_s=0.5)
+    assert "VLLM_TIMEOUT_S" in str(raised.value)

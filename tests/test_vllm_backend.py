@@ -1,0 +1,181 @@
+"""The vLLM backend against a real vLLM server (fixture `vllm_base_url`).
+
+Replies are kept short: this CPU decodes the 135M model at roughly 10-30 tokens/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+import urllib.request
+
+import pytest
+
+from backends.base import ChatMessage, GenerationParams, StreamChunk
+from backends.errors import BackendUnavailable, InputRejected
+from backends.openai_compat import OpenAICompatBackend, server_root
+from config import BackendConfig
+from scripts.vllm_launch import BUNDLED_MODEL_NAME
+from tests.servers import free_port
+from timing import RequestRecord, TimedStream
+
+# A prompt this model answers at length, so `max_new_tokens` is what ends the reply.
+COUNTING_PROMPT = [ChatMessage("user", "Count from 1 to 100, separated by commas.")]
+GREEDY = dict(temperature=0.0, top_p=1.0, seed=7)
+
+
+def vllm_backend(base_url: str, **overrides) -> OpenAICompatBackend:
+    config = BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=base_url, **overrides)
+    return OpenAICompatBackend(config)
+
+
+@pytest.fixture
+async def vllm(vllm_base_url):
+    backend = vllm_backend(vllm_base_url)
+    yield backend
+    await backend.aclose()
+
+
+async def timed_reply(
+    backend: OpenAICompatBackend, messages, params: GenerationParams
+) -> tuple[list[StreamChunk], RequestRecord]:
+    """Stream a whole reply through the app's measurement; return its chunks and record."""
+    chunks: list[StreamChunk] = []
+    timed = TimedStream(backend.stream(messages, params), backend=backend.name, model="")
+    try:
+        async for chunk in timed:
+            chunks.append(chunk)
+    finally:
+        await timed.aclose()
+    return chunks, timed.finish("completed")
+
+
+def metric_value(root_url: str, name: str, **labels: str) -> float:
+    """Sum of the Prometheus samples of `name` on vLLM's /metrics that carry `labels`."""
+    with urllib.request.urlopen(f"{root_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if match and all(f'{key}="{value}"' in (match.group(1) or "") for key, value in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+@pytest.mark.vllm
+async def test_streamed_reply_has_exact_token_counts(vllm):
+    chunks, record = await timed_reply(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=12, **GREEDY))
+
+    server_figures = [c.server_figures for c in chunks if c.server_figures]
+    assert len(server_figures) == 1 and server_figures[0].source == "vLLM usage"
+    counted = sum(c.token_count for c in chunks)
+    assert counted == server_figures[0].output_tokens == 12
+    assert all(c.token_count is not None for c in chunks)
+    assert record.tokens_exact and record.count_disagreement is None
+    assert record.output_tokens == 12 and record.finish_reason == "length"
+    assert record.first_token_s is not None and 0 < record.first_token_s < record.total_s
+    assert record.decode_tokens_per_s and record.decode_tokens_per_s > 0
+    assert "".join(c.text for c in chunks).strip()
+
+
+@pytest.mark.vllm
+async def test_prompt_token_count_matches_what_the_server_charged(vllm):
+    _, record = await timed_reply(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=2, **GREEDY))
+    assert await vllm.count_prompt_tokens(COUNTING_PROMPT) == record.server_input_tokens > 0
+
+
+@pytest.mark.vllm
+async def test_info_and_health(vllm):
+    await vllm.health()
+    info = await vllm.info()
+    assert info.model_id == BUNDLED_MODEL_NAME
+    assert info.context_length == 2048
+    assert re.fullmatch(r"vLLM \d+\.\d+.*", info.server_version or "")
+
+
+@pytest.mark.vllm
+async def test_too_long_prompt_is_rejected_with_the_context_length(vllm):
+    too_long = [ChatMessage("user", "hello " * 3000)]
+    with pytest.raises(InputRejected) as raised:
+        async for _ in vllm.stream(too_long, GenerationParams(max_new_tokens=4)):
+            pass
+    message = str(raised.value)
+    assert "maximum context length is 2048 tokens" in message
+    assert vllm.url in message
+
+
+async def test_unreachable_server_names_its_url_and_how_to_start_it():
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    backend = vllm_backend(url, model=BUNDLED_MODEL_NAME)
+    try:
+        with pytest.raises(BackendUnavailable) as raised:
+            async for _ in backend.stream(COUNTING_PROMPT, GenerationParams(max_new_tokens=4)):
+                pass
+        with pytest.raises(BackendUnavailable):
+            await backend.health()
+    finally:
+        await backend.aclose()
+    assert url in str(raised.value)
+    assert "scripts/vllm_server.sh" in str(raised.value) and "VLLM_BASE_URL" in str(raised.value)
+
+
+@pytest.mark.vllm
+async def test_closing_the_stream_aborts_the_request_on_the_server(vllm):
+    root = server_root(vllm.url)
+    generated_before = metric_value(root, "vllm:generation_tokens_total")
+    stream = vllm.stream(COUNTING_PROMPT, GenerationParams(max_new_tokens=1000, **GREEDY))
+    texts = []
+    async for chunk in stream:
+        texts.append(chunk.text)
+        if len(texts) == 3:
+            break
+    assert metric_value(root, "vllm:num_requests_running") == 1
+    await stream.aclose()  # what the UI's Stop does
+
+    closed_at = time.monotonic()
+    while await asyncio.to_thread(metric_value, root, "vllm:num_requests_running") != 0:
+        assert time.monotonic() - closed_at < 5, "vLLM kept generating after the client closed"
+        await asyncio.sleep(0.1)
+    generated = await asyncio.to_thread(metric_value, root, "vllm:generation_tokens_total") - generated_before
+    # 1000 tokens were allowed; an aborted request stops within a few decode steps of the close.
+    assert 3 <= generated < 100
+
+
+@pytest.mark.vllm
+async def test_two_concurrent_streams_both_complete(vllm):
+    prompts = [COUNTING_PROMPT, [ChatMessage("user", "List ten colours, one per line.")]]
+    params = GenerationParams(max_new_tokens=10, **GREEDY)
+    results = await asyncio.gather(*(timed_reply(vllm, p, params) for p in prompts))
+    for chunks, record in results:
+        assert record.tokens_exact and record.count_disagreement is None
+        assert record.output_tokens == record.server_output_tokens <= 10
+        assert "".join(c.text for c in chunks).strip()
+
+
+@pytest.mark.vllm
+async def test_stop_closes_the_connection_even_when_the_consumer_is_cancelled(vllm):
+    """A cancelled task (the UI's Stop) must not leave the request running on the server."""
+    root = server_root(vllm.url)
+    first_chunk = asyncio.Event()
+
+    async def consume() -> None:
+        async with contextlib.aclosing(
+            vllm.stream(COUNTING_PROMPT, GenerationParams(max_new_tokens=1000, **GREEDY))
+        ) as stream:
+            async for chunk in stream:
+                if chunk.text:
+                    first_chunk.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first_chunk.wait(), timeout=30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(metric_value, root, "vllm:num_requests_running") == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert await asyncio.to_thread(metric_value, root, "vllm:num_requests_running") == 0
