@@ -41,11 +41,11 @@ class ServerProcess:
         self.log_path = LOG_DIR / f"{name}.log"
 
     def start(self) -> "ServerProcess":
-        log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            self.command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(self.log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                self.command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return self
 
     def wait_http(self, url: str, timeout_s: float, ok_status: tuple[int, ...] = (200,)) -> None:

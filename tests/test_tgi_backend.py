@@ -1,0 +1,411 @@
+"""The TGI backend against a TGI-protocol server serving the real bundled model.
+
+Both routes (Messages API and native /generate_stream) stream real text with
+exact token counts that agree with the server's own figures; TGI's errors
+(422, 429, an error event inside the stream) and an unreachable server each
+become the typed error with a message naming the backend and its URL; the
+LoRA adapter id travels the way TGI expects; closing the stream stops the
+generation on the server. After every test, the server must not have sent a
+single response or event outside TGI's OpenAPI spec, and every request the
+backend sent must match the spec's request schemas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from contextlib import suppress
+
+import huggingface_hub.constants
+import pytest
+from huggingface_hub import AsyncInferenceClient
+from huggingface_hub.errors import HfHubHTTPError, ValidationError
+
+from backends.base import ChatMessage, GenerationParams
+from backends.errors import (
+    BackendError,
+    BackendOverloaded,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    GenerationFailed,
+    InputRejected,
+)
+from tests import openapi_contract
+from backends.tgi import TGIBackend
+from config import BackendConfig
+from tests.fixtures_tgi import TGI_LABEL, TGI_MAX_INPUT_TOKENS, TGI_MAX_TOTAL_TOKENS
+from tests.servers import free_port
+from timing import measure
+
+ROUTES = ["messages", "generate"]
+ROUTE_PATHS = {"messages": "/v1/chat/completions", "generate": "/generate_stream"}
+QUESTION = [ChatMessage("user", "What is the capital of France?")]
+# Greedy, the bundled model answers this in 8 tokens, the last one its end-of-sequence token.
+SHORT_ANSWER = [ChatMessage("user", "What is the capital of France? One word.")]
+# With greedy decoding the bundled model writes 400+ tokens for this one.
+LONG_REPLY = [ChatMessage("user", "Write a very long story about a dragon and a knight.")]
+TOO_LONG = [ChatMessage("user", "word " * (TGI_MAX_INPUT_TOKENS + 200))]
+SHORT = GenerationParams(temperature=0.0, max_new_tokens=8)
+LONG = GenerationParams(temperature=0.0, max_new_tokens=300)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(autouse=True)
+async def server_kept_the_contract(tgi_server):
+    """After each test: no response or event outside the spec, no request outside it either."""
+    violations_before = len(await tgi_server.violations())
+    await tgi_server.clear_requests()
+    yield
+    assert (await tgi_server.violations())[violations_before:] == []
+    problems = [(r["path"], r["request_schema_problems"]) for r in await tgi_server.requests()
+                if r["request_schema_problems"]]
+    assert problems == []
+
+
+async def paths_requested(tgi_server) -> list[str]:
+    return [request["path"] for request in await tgi_server.requests()]
+
+
+async def last_body(tgi_server, path: str) -> dict:
+    return [request for request in await tgi_server.requests() if request["path"] == path][-1]["body"]
+
+
+def assert_names_backend(error: BackendError, tgi_server, *server_words: str) -> None:
+    message = str(error)
+    assert TGI_LABEL in message and tgi_server.url in message, message
+    for words in server_words:
+        assert words in message, message
+
+
+# ---------------------------------------------------------------- streaming
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_streams_real_text_with_exact_token_counts(route, tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory(route)
+    params = GenerationParams(temperature=0.7, top_p=0.9, max_new_tokens=24, seed=7)
+
+    text, record = await measure(backend.stream(QUESTION, params), backend=backend.name, model="smollm2")
+
+    assert text.strip()
+    assert record.tokens_exact and record.count_disagreement is None
+    assert record.output_tokens == record.server_output_tokens > 1
+    # One chunk per token, arriving one by one.
+    assert len(record.chunk_gaps_s) == record.output_tokens - 1
+    assert record.finish_reason in ("stop", "length")
+    assert record.server_input_tokens == await backend.count_prompt_tokens(QUESTION)
+    generation = (await tgi_server.generations())[-1]
+    assert generation["path"] == ROUTE_PATHS[route]
+    assert generation["generated_tokens"] == record.output_tokens
+    paths = await paths_requested(tgi_server)
+    expected = ["/v1/chat/completions"] if route == "messages" else ["/chat_tokenize", "/generate_stream"]
+    assert paths[:len(expected)] == expected
+    body = await last_body(tgi_server, ROUTE_PATHS[route])
+    sent = body if route == "messages" else body["parameters"]
+    assert sent["seed"] == 7 and sent["top_p"] == 0.9 and sent["temperature"] == 0.7
+    if route == "messages":
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+        assert body["max_tokens"] == 24
+    else:
+        assert body["parameters"]["details"] is True and body["parameters"]["do_sample"] is True
+        assert body["parameters"]["max_new_tokens"] == 24
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_reply_that_ends_by_itself_counts_but_hides_the_end_token(route, tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory(route)
+    params = GenerationParams(temperature=0.0, max_new_tokens=40)
+    chunks = [chunk async for chunk in backend.stream(SHORT_ANSWER, params)]
+
+    text = "".join(chunk.text for chunk in chunks)
+    assert text == "The capital of France is Paris."
+    assert "<|im_end|>" not in text
+    token_chunks = [chunk for chunk in chunks if chunk.token_count]
+    assert token_chunks[-1].text == "" and token_chunks[-1].finish_reason == "stop"
+    figures = [chunk.server_figures for chunk in chunks if chunk.server_figures]
+    assert len(figures) == 1 and figures[0].output_tokens == len(token_chunks) < params.max_new_tokens
+    assert figures[0].source == ("TGI usage" if route == "messages" else "TGI details")
+    assert figures[0].finish_reason == ("stop" if route == "messages" else "eos_token")
+
+
+async def test_both_routes_give_the_same_greedy_reply(tgi_backend_factory, tgi_server):
+    """Temperature 0 is greedy on both routes; the native prompt is the server's own templating."""
+    params = GenerationParams(temperature=0.0, max_new_tokens=20)
+    replies = []
+    for route in ROUTES:
+        backend = tgi_backend_factory(route)
+        text, record = await measure(backend.stream(QUESTION, params), backend=backend.name, model="smollm2")
+        replies.append((text, record.output_tokens))
+    assert replies[0] == replies[1] and replies[0][0].strip()
+    native = (await last_body(tgi_server, "/generate_stream"))["parameters"]
+    # TGI refuses temperature 0 on the native route: greedy is do_sample=false, no sampling settings.
+    assert native["do_sample"] is False
+    assert not {"temperature", "top_p", "seed"} & set(native)
+
+
+@pytest.mark.parametrize("template_source", ["inline", "file"])
+async def test_generate_route_with_a_configured_chat_template(template_source, tgi_backend_factory,
+                                                              tgi_server, tmp_path):
+    template = CHATML_TEMPLATE
+    if template_source == "file":
+        path = tmp_path / "chatml.jinja"
+        path.write_text(CHATML_TEMPLATE, encoding="utf-8")
+        template = str(path)
+    backend = tgi_backend_factory("generate", tgi_chat_template=template)
+
+    text, record = await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+
+    assert text.strip() and record.tokens_exact and record.count_disagreement is None
+    body = await last_body(tgi_server, "/generate_stream")
+    assert body["inputs"] == "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    assert "/chat_tokenize" not in await paths_requested(tgi_server)
+    assert await backend.count_prompt_tokens(QUESTION) == record.server_input_tokens
+
+
+# ---------------------------------------------------------------- info and health
+
+
+async def test_info_and_health(tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory()
+    await backend.health()
+    info = await backend.info()
+    assert info.model_id == tgi_server.model_id
+    assert info.context_length == TGI_MAX_TOTAL_TOKENS
+    assert info.max_input_tokens == TGI_MAX_INPUT_TOKENS
+    assert info.server_version == openapi_contract.spec_version()
+
+
+async def test_unhealthy_server_is_unavailable(tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory()
+    await tgi_server.set_faults(unhealthy=True)
+    try:
+        with pytest.raises(BackendUnavailable) as caught:
+            await backend.health()
+    finally:
+        await tgi_server.set_faults(unhealthy=False)
+    assert_names_backend(caught.value, tgi_server, "unhealthy")
+    await backend.health()
+
+
+# ---------------------------------------------------------------- TGI's errors
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_input_longer_than_the_server_allows_is_rejected(route, tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory(route)
+    with pytest.raises(InputRejected) as caught:
+        await measure(backend.stream(TOO_LONG, SHORT), backend=backend.name, model="smollm2")
+    assert_names_backend(caught.value, tgi_server, f"must have less than {TGI_MAX_INPUT_TOKENS} tokens",
+                         "Shorten the conversation")
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_max_new_tokens_past_the_total_is_rejected(route, tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory(route)
+    params = GenerationParams(temperature=0.0, max_new_tokens=TGI_MAX_TOTAL_TOKENS)
+    with pytest.raises(InputRejected) as caught:
+        await measure(backend.stream(QUESTION, params), backend=backend.name, model="smollm2")
+    assert_names_backend(caught.value, tgi_server, f"`max_new_tokens` must be <= {TGI_MAX_TOTAL_TOKENS}",
+                         "lower max new tokens")
+
+
+async def in_flight_is(tgi_server, count: int) -> bool:
+    return await tgi_server.in_flight() == count
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_overloaded_server_gives_backend_overloaded(route, tgi_backend_factory, tgi_server):
+    """Two requests hold the server's two slots (one generating, one queued); a third is refused."""
+    backend = tgi_backend_factory(route)
+    generating = backend.stream(LONG_REPLY, LONG)
+    queued = backend.stream(LONG_REPLY, LONG)
+    waiting = None
+    try:
+        await anext(generating)
+        waiting = asyncio.create_task(anext(queued))
+        await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 2), what="two requests in flight")
+
+        with pytest.raises(BackendOverloaded) as caught:
+            await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+        assert_names_backend(caught.value, tgi_server, "Model is overloaded", "Wait a moment")
+
+        # A non-streaming request gets TGI's HTTP 429, which maps the same way.
+        client = AsyncInferenceClient(base_url=tgi_server.url)
+        try:
+            with pytest.raises(HfHubHTTPError) as http_error:
+                await client.chat_completion([m.as_dict() for m in QUESTION], max_tokens=4)
+        finally:
+            await client.close()
+        assert http_error.value.response.status_code == 429
+        assert isinstance(backend.translate_error(http_error.value, "/v1/chat/completions"), BackendOverloaded)
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+            with suppress(asyncio.CancelledError, StopAsyncIteration):
+                await waiting
+        await queued.aclose()
+        await generating.aclose()
+    await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 0), what="the slots to be released")
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize(("error_type", "server_words", "our_words"), [
+    ("generation", "injected test failure after 3 tokens", "generation failed on the server"),
+    ("incomplete_generation", "Incomplete generation stream", "ended before generation finished"),
+])
+async def test_error_event_inside_the_stream_becomes_generation_failed(
+        route, error_type, server_words, our_words, tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory(route)
+    await tgi_server.set_faults(fail_after_tokens=3, error_type=error_type)
+    received = []
+    with pytest.raises(GenerationFailed) as caught:
+        async for chunk in backend.stream(LONG_REPLY, LONG):
+            received.append(chunk)
+    assert sum(chunk.token_count for chunk in received) == 3
+    assert "".join(chunk.text for chunk in received).strip()
+    assert_names_backend(caught.value, tgi_server, server_words, our_words)
+    assert (await tgi_server.generations())[-1]["status"] == "failed"
+
+
+async def test_http_status_errors_become_typed_errors(tgi_backend_factory, tgi_server):
+    """Non-streaming TGI answers with the status itself; the same mapping applies to real 422s."""
+    backend = tgi_backend_factory()
+    prompt = TOO_LONG[0].content
+    client = AsyncInferenceClient(model=f"{tgi_server.url}/generate")
+    chat_client = AsyncInferenceClient(base_url=tgi_server.url)
+    try:
+        with pytest.raises(ValidationError) as native_error:
+            await client.text_generation(prompt, max_new_tokens=4)
+        with pytest.raises(HfHubHTTPError) as chat_error:
+            await chat_client.chat_completion([{"role": "user", "content": prompt}], max_tokens=4)
+    finally:
+        await client.close()
+        await chat_client.close()
+    assert chat_error.value.response.status_code == 422
+    for error, path in ((native_error.value, "/generate"), (chat_error.value, "/v1/chat/completions")):
+        translated = backend.translate_error(error, path)
+        assert isinstance(translated, InputRejected)
+        assert_names_backend(translated, tgi_server, f"must have less than {TGI_MAX_INPUT_TOKENS} tokens")
+
+
+# ---------------------------------------------------------------- reaching the server
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_unreachable_server_is_backend_unavailable(route, tgi_backend_factory):
+    url = f"http://127.0.0.1:{free_port()}"
+    backend = tgi_backend_factory(route, base_url=url)
+    for attempt in (lambda: measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2"),
+                    backend.health, backend.info):
+        with pytest.raises(BackendUnavailable) as caught:
+            await attempt()
+        message = str(caught.value)
+        assert TGI_LABEL in message and url in message and "TGI_BASE_URL" in message, message
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_server_that_never_answers_is_backend_timeout(route, tgi_backend_factory):
+    """A socket that accepts connections (the kernel's backlog) but never answers, like a hung server."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        backend = tgi_backend_factory(route, base_url=url, timeout_s=0.5)
+        for attempt in (lambda: measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2"),
+                        backend.health):
+            with pytest.raises(BackendTimeout) as caught:
+                await attempt()
+            message = str(caught.value)
+            assert TGI_LABEL in message and url in message and "within 0.5 s" in message, message
+
+
+def test_unknown_route_is_a_configuration_error():
+    with pytest.raises(ConfigurationError) as caught:
+        TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url="http://127.0.0.1:1",
+                                 tgi_route="completions"))
+    assert "TGI_ROUTE" in str(caught.value) and "messages" in str(caught.value)
+
+
+async def test_url_that_is_not_tgi_says_so(tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory(base_url=f"{tgi_server.url}/not-tgi")
+    with pytest.raises(BackendUnavailable) as caught:
+        await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+    message = str(caught.value)
+    assert "HTTP 404" in message and "TGI_BASE_URL" in message, message
+
+
+async def test_offline_mode_of_huggingface_hub_is_named(tgi_backend_factory, monkeypatch):
+    """HF_HUB_OFFLINE makes huggingface_hub refuse even a local server: say so instead of failing obscurely."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    backend = tgi_backend_factory("messages")
+    with pytest.raises(BackendUnavailable) as caught:
+        await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+    assert "HF_HUB_OFFLINE" in str(caught.value)
+
+
+async def test_only_the_configured_key_is_sent(tgi_backend_factory, tgi_server, monkeypatch):
+    """A Hugging Face token in the environment never reaches the TGI server; a configured key does."""
+    monkeypatch.setenv("HF_TOKEN", "hf_thisTokenMustNotLeave")
+    # huggingface_hub on its own would send it:
+    client = AsyncInferenceClient(base_url=tgi_server.url)
+    try:
+        await client.chat_completion([m.as_dict() for m in QUESTION], max_tokens=2)
+    finally:
+        await client.close()
+    assert (await tgi_server.requests())[-1]["has_authorization"] is True
+    await tgi_server.clear_requests()
+
+    for route in ROUTES:
+        backend = tgi_backend_factory(route)
+        await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+    assert [r["has_authorization"] for r in await tgi_server.requests()] == [False] * 3
+    await tgi_server.clear_requests()
+
+    for route in ROUTES:
+        backend = tgi_backend_factory(route, api_key="configured-key")
+        await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+    assert [r["has_authorization"] for r in await tgi_server.requests()] == [True] * 3
+
+
+# ---------------------------------------------------------------- adapters and stopping
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_lora_adapter_is_passed_the_way_tgi_expects(route, tgi_backend_factory, tgi_server):
+    path = ROUTE_PATHS[route]
+    await measure(tgi_backend_factory(route).stream(QUESTION, SHORT), backend="tgi", model="smollm2")
+    without = await last_body(tgi_server, path)
+    backend = tgi_backend_factory(route, tgi_adapter_id="support-lora")
+    await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+    with_adapter = await last_body(tgi_server, path)
+
+    if route == "messages":
+        assert without["model"] == "tgi" and with_adapter["model"] == "support-lora"
+    else:
+        assert "adapter_id" not in without["parameters"]
+        assert with_adapter["parameters"]["adapter_id"] == "support-lora"
+    assert (await tgi_server.generations())[-1]["adapter_id"] == "support-lora"
+    assert (await backend.info()).details["adapter_id"] == "support-lora"
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_closing_the_stream_stops_generation_on_the_server(route, tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory(route)
+    stream = backend.stream(LONG_REPLY, LONG)
+    received = [await anext(stream) for _ in range(3)]
+    assert "".join(chunk.text for chunk in received).strip()
+
+    await stream.aclose()
+
+    async def cancelled():
+        last = (await tgi_server.generations())[-1]
+        return last if last["status"] != "running" else None
+
+    last = await tgi_server.wait_until(cancelled, timeout_s=15, what="the server to stop generating")
+    assert last["status"] == "cancelled" and last["path"] == ROUTE_PATHS[route]
+    assert 3 <= last["generated_tokens"] < LONG.max_new_tokens
+    await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 0), what="the slot to be released")
