@@ -27,6 +27,16 @@ DEFAULT_URLS = {
     "openai": "http://127.0.0.1:8001/v1",
     "tgi": "http://127.0.0.1:8080",
 }
+# The per-backend variables (after the N_ prefix) each kind reads; .env.example documents them.
+_REMOTE = ("LABEL", "BASE_URL", "API_KEY", "TIMEOUT_S", "CONNECT_TIMEOUT_S")
+KIND_VARIABLES = {
+    "llamacpp": ("LABEL", "MODEL_PATH", "N_CTX", "THREADS"),
+    "vllm": _REMOTE + ("MODEL",),
+    "openai": _REMOTE + ("MODEL",),
+    "tgi": _REMOTE + ("ROUTE", "ADAPTER_ID", "CHAT_TEMPLATE"),
+}
+GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P",
+                    "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_SYSTEM_PROMPT")
 DEFAULT_LABELS = {
     "llamacpp": "llama.cpp (embedded)",
     "vllm": "vLLM",

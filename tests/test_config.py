@@ -71,3 +71,16 @@ def test_settings_form_is_validated_and_clamped():
     assert custom.system_prompt(presets) == "Be a pirate."
     with pytest.raises(UnknownBackend, match="Configured backends: llama_cpp, vllm"):
         SessionSettings.from_form({"backend": "tgi"}, defaults, ["llama_cpp", "vllm"], presets)
+
+
+def test_every_variable_is_documented_in_env_example():
+    from pathlib import Path
+
+    from config import GLOBAL_VARIABLES, KIND_VARIABLES, backend_configs, env_prefix
+
+    example = (Path(__file__).resolve().parent.parent / ".env.example").read_text()
+    documented = {line.split("=", 1)[0].lstrip("# ").strip() for line in example.splitlines() if "=" in line}
+    expected = set(GLOBAL_VARIABLES)
+    for config in backend_configs({}):
+        expected |= {env_prefix(config.name) + key for key in KIND_VARIABLES[config.kind]}
+    assert expected - documented == set()
