@@ -169,15 +169,12 @@ class StreamMeter:
         token_source = "per-chunk token counts from the backend"
         disagreement = None
         server_tokens = self._server_output_tokens
-        if server_tokens is not None and server_tokens != tokens:
-            if tokens_exact:
-                disagreement = (
-                    f"client counted {tokens} tokens, {self._server_source} reports {server_tokens}"
-                )
-            else:
-                # Our count was an estimate; the server's count is exact, so it wins.
-                tokens, tokens_exact = server_tokens, True
-                token_source = f"{self._server_source} (stream chunks did not carry counts)"
+        if server_tokens is not None and not tokens_exact:
+            # Our count was an estimate; the server's count is exact, so it wins.
+            tokens, tokens_exact = server_tokens, True
+            token_source = f"{self._server_source} (stream chunks did not carry counts)"
+        elif server_tokens is not None and server_tokens != tokens:
+            disagreement = f"client counted {tokens} tokens, {self._server_source} reports {server_tokens}"
         elif not tokens_exact:
             token_source = "estimated: one token per chunk (the server reported no counts)"
         first_token_s = self._first_token_s()

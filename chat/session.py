@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -184,7 +185,7 @@ async def reply(user_text: str) -> None:
     model = status.info.model_id if status.info else backend.name
     params = settings.params()
     params = type(params)(params.temperature, params.top_p, fitted.max_new_tokens, params.seed)
-    message = cl.Message(content="", author=backend.label)
+    message = cl.Message(content="", author=_author(backend.label, backend.name))
     metrics = cl.CustomElement(name="Metrics", props={"state": "starting", "lang": lang,
                                                      "backend": backend.label, "model": model},
                                display="inline")
@@ -202,6 +203,11 @@ async def reply(user_text: str) -> None:
     # The partial text of a stopped or failed reply stays in the conversation.
     history.extend([ChatMessage("user", user_text), ChatMessage("assistant", outcome.text)])
     cl.user_session.set("pending", None)
+
+
+def _author(label: str, name: str) -> str:
+    """Chainlit serves avatars only for names made of [A-Za-z0-9_ .-]; others get a broken image."""
+    return re.sub(r"[^A-Za-z0-9_ .-]", "", label).strip() or name
 
 
 async def _show_error(label: str, reason: str, user_text: str, lang: str) -> None:

@@ -46,6 +46,11 @@ def test_unknown_counts_are_marked_estimated_until_the_server_says():
     assert corrected.tokens_exact and corrected.output_tokens == 3
     assert corrected.count_disagreement is None
 
+    # The server agreeing with the estimate still makes the count exact (and says whose it is).
+    timeline[-1] = (2.0, StreamChunk(server_figures=ServerFigures("vLLM usage", output_tokens=2)))
+    confirmed = run(StreamMeter(), timeline, end=2.0)
+    assert confirmed.tokens_exact and confirmed.output_tokens == 2 and "vLLM usage" in confirmed.token_source
+
 
 def test_disagreement_with_the_server_is_flagged_not_hidden():
     timeline = [(1.0, StreamChunk("a", 1)), (2.0, StreamChunk("b", 1)),

@@ -1,0 +1,241 @@
+"""A small OpenAI-protocol server that streams at an exact, known pace.
+
+It stands in for a fast (or slow) serving engine when a test or benchmark
+needs to know exactly what was sent and when:
+
+- `/v1/chat/completions` streams one token per chunk, token i sent at
+  `start + first_token_s + i / rate` (an absolute schedule, so the pace does
+  not drift however late one chunk was). The reply is ` w1 w2 ... w(n-1)`
+  followed by a marker word unique to the request (`pacedend<number>x<hex>`),
+  so a browser can tell exactly when the last token is on screen. With
+  `stream_options.include_usage` the closing chunk carries `usage`.
+- `/v1/models` and `/health` answer like a real engine does.
+- Test-only routes under `/test/`: `GET /test/requests` lists every chat
+  request with its marker, its last user message, the wall-clock time
+  (`time.time()`) at which its last token was handed to the transport and
+  whether the client closed the stream early; `GET /test/last` is the latest of those; `POST /test/pace`
+  with `{"rate_tokens_per_s": ..., "tokens": ..., "first_token_s": ...}`
+  changes the pace for later requests.
+
+Run: `python -m tests.paced_openai_server --port P --rate 500 [--tokens 300]`.
+It binds 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+MODEL_ID = "paced-test-model"
+CONTEXT_LENGTH_TOKENS = 8192
+
+
+@dataclass
+class Pace:
+    """How the next replies are streamed."""
+
+    rate_tokens_per_s: float
+    tokens: int
+    first_token_s: float = 0.0
+
+
+@dataclass
+class RequestLog:
+    """What the server did for one chat request (times are `time.time()`)."""
+
+    number: int
+    marker: str
+    tokens_planned: int
+    rate_tokens_per_s: float
+    received_at_s: float
+    last_user_text: str = ""
+    first_token_sent_at_s: float | None = None
+    last_token_sent_at_s: float | None = None
+    tokens_sent: int = 0
+    completed: bool = False
+    closed_by_client: bool = False
+
+
+@dataclass
+class PacedServerState:
+    pace: Pace
+    requests: list[RequestLog] = field(default_factory=list)
+    numbers: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+
+def reply_tokens(count: int, marker: str) -> list[str]:
+    """The reply, one token per entry: ` w1 ... w(count-1)` then the marker word."""
+    return [f" w{i}" for i in range(1, count)] + [f" {marker}"]
+
+
+def _chunk(request_id: str, created: int, delta: dict, finish_reason: str | None = None) -> dict:
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": MODEL_ID,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def _sse(data: dict | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n".encode("utf-8")
+
+
+def _prompt_tokens(messages: list[dict]) -> int:
+    """A rough prompt size (words); this server runs no tokenizer."""
+    return sum(len(str(m.get("content") or "").split()) for m in messages)
+
+
+def create_app(pace: Pace) -> Starlette:
+    """The ASGI app; `app.state.paced` holds the pace and the request log."""
+    state = PacedServerState(pace=pace)
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({
+            "object": "list",
+            "data": [{
+                "id": MODEL_ID, "object": "model", "created": 0, "owned_by": "paced-test-server",
+                "max_model_len": CONTEXT_LENGTH_TOKENS,
+            }],
+        })
+
+    async def health(_: Request) -> Response:
+        return Response(status_code=200)
+
+    async def chat_completions(request: Request) -> Response:
+        body = await request.json()
+        messages = body.get("messages") or []
+        if not messages:
+            return JSONResponse(
+                {"error": {"message": "messages must not be empty", "type": "BadRequestError",
+                           "param": "messages", "code": 400}},
+                status_code=400,
+            )
+        current = state.pace
+        planned = current.tokens
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        finish_reason = "stop"
+        if max_tokens is not None and int(max_tokens) < planned:
+            planned, finish_reason = max(1, int(max_tokens)), "length"
+        number = next(state.numbers)
+        log = RequestLog(
+            number=number, marker=f"pacedend{number}x{secrets.token_hex(4)}",
+            tokens_planned=planned, rate_tokens_per_s=current.rate_tokens_per_s,
+            received_at_s=time.time(),
+            last_user_text=next((str(m.get("content") or "") for m in reversed(messages)
+                                 if m.get("role") == "user"), ""),
+        )
+        state.requests.append(log)
+        tokens = reply_tokens(planned, log.marker)
+        request_id = f"chatcmpl-paced-{number}"
+        created = int(log.received_at_s)
+        prompt_tokens = _prompt_tokens(messages)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        if not body.get("stream"):
+            await asyncio.sleep(current.first_token_s + (planned - 1) / current.rate_tokens_per_s)
+            log.tokens_sent, log.completed = planned, True
+            log.first_token_sent_at_s = log.last_token_sent_at_s = time.time()
+            return JSONResponse({
+                "id": request_id, "object": "chat.completion", "created": created, "model": MODEL_ID,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(tokens)},
+                             "logprobs": None, "finish_reason": finish_reason}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": planned,
+                          "total_tokens": prompt_tokens + planned},
+            })
+
+        async def events() -> AsyncIterator[bytes]:
+            loop = asyncio.get_running_loop()
+            try:
+                yield _sse(_chunk(request_id, created, {"role": "assistant", "content": ""}))
+                start = loop.time() + current.first_token_s
+                interval_s = 1.0 / current.rate_tokens_per_s
+                for index, token in enumerate(tokens):
+                    # Absolute schedule: lateness of one token does not delay the next ones.
+                    delay_s = start + index * interval_s - loop.time()
+                    if delay_s > 0:
+                        await asyncio.sleep(delay_s)
+                    now_s = time.time()
+                    if index == 0:
+                        log.first_token_sent_at_s = now_s
+                    if index == len(tokens) - 1:
+                        log.last_token_sent_at_s = now_s
+                    log.tokens_sent = index + 1
+                    yield _sse(_chunk(request_id, created, {"content": token}))
+                yield _sse(_chunk(request_id, created, {}, finish_reason))
+                if include_usage:
+                    yield _sse({
+                        "id": request_id, "object": "chat.completion.chunk", "created": created,
+                        "model": MODEL_ID, "choices": [],
+                        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": planned,
+                                  "total_tokens": prompt_tokens + planned},
+                    })
+                yield _sse("[DONE]")
+                log.completed = True
+            finally:
+                # Starlette cancels this generator when the client disconnects (the user's Stop).
+                if not log.completed:
+                    log.closed_by_client = True
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def test_requests(_: Request) -> Response:
+        return JSONResponse([asdict(r) for r in state.requests])
+
+    async def test_last(_: Request) -> Response:
+        if not state.requests:
+            return JSONResponse({"error": "no request yet"}, status_code=404)
+        return JSONResponse(asdict(state.requests[-1]))
+
+    async def test_pace(request: Request) -> Response:
+        body = await request.json()
+        rate = float(body.get("rate_tokens_per_s", state.pace.rate_tokens_per_s))
+        tokens = int(body.get("tokens", state.pace.tokens))
+        first_token_s = float(body.get("first_token_s", state.pace.first_token_s))
+        if rate <= 0 or tokens < 1 or first_token_s < 0:
+            return JSONResponse({"error": "rate_tokens_per_s > 0, tokens >= 1, first_token_s >= 0"},
+                                status_code=422)
+        state.pace = Pace(rate, tokens, first_token_s)
+        return JSONResponse(asdict(state.pace))
+
+    app = Starlette(routes=[
+        Route("/v1/models", models),
+        Route("/health", health),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/test/requests", test_requests),
+        Route("/test/last", test_last),
+        Route("/test/pace", test_pace, methods=["POST"]),
+    ])
+    app.state.paced = state
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--rate", type=float, required=True, help="tokens per second")
+    parser.add_argument("--tokens", type=int, default=300, help="tokens per reply (the last is the marker)")
+    parser.add_argument("--first-token-s", type=float, default=0.0, help="delay before the first token")
+    args = parser.parse_args(argv)
+    app = create_app(Pace(args.rate, args.tokens, args.first_token_s))
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

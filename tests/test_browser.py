@@ -1,0 +1,306 @@
+"""The chat UI in a real browser (Debian's chromium through Playwright).
+
+The app runs as a user starts it (`chainlit run app.py --headless`) with three
+backends: the embedded llama.cpp model (default), the paced OpenAI-protocol
+test server (kind "openai") and an OpenAI-compatible backend on a loopback
+port nothing listens on. Each test opens a fresh chat session.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+LLAMA_LABEL = "llama.cpp (embedded)"
+PACED_LABEL = "Paced test server"
+DOWN_LABEL = "Down server"
+PACED_MODEL = "paced-test-model"
+# The embedded model decodes 20-60 tokens/s on 2 shared cores; replies are kept short
+# and waits generous so a loaded machine is slow, not red.
+REPLY_TIMEOUT_MS = 180_000
+SESSION_READY_TIMEOUT_MS = 120_000
+MAX_NEW_TOKENS = 64
+
+# One snapshot of a reply (found by its step id) or, without an id, of the newest
+# reply that carries a metrics element.
+SNAPSHOT_JS = """
+(stepId) => {
+  let step = null;
+  if (stepId) {
+    const inner = document.getElementById(stepId);
+    step = inner ? inner.closest('.step') : null;
+  } else {
+    const steps = [...document.querySelectorAll('.step[data-step-type="assistant_message"]')]
+      .filter((s) => s.querySelector('[data-testid="metrics"]'));
+    step = steps.length ? steps[steps.length - 1] : null;
+  }
+  if (!step) return null;
+  const metrics = step.querySelector('[data-testid="metrics"]');
+  const value = (id) => {
+    const cell = metrics && metrics.querySelector(`[data-testid="${id}"]`);
+    if (!cell) return null;
+    const mono = cell.querySelector('.font-mono');
+    return (mono || cell).innerText.trim();
+  };
+  const prose = step.querySelector('.message-content .prose');
+  return {
+    stepId: step.querySelector('[id^="step-"]').id,
+    author: (step.querySelector('img[alt^="Avatar for "]') || {alt: ""}).alt.replace("Avatar for ", ""),
+    state: metrics ? metrics.dataset.state : null,
+    status: value('metrics-status'),
+    backend: value('metrics-backend'),
+    model: value('metrics-model'),
+    ttft: value('metrics-ttft'),
+    rate: value('metrics-rate'),
+    tokens: value('metrics-tokens'),
+    elapsed: value('metrics-elapsed'),
+    tpot: value('metrics-tpot'),
+    text: prose ? prose.innerText : "",
+  };
+}
+"""
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def duration_ms(shown: str | None) -> float | None:
+    """'959 ms' -> 959; '1.35 s' -> 1350; '–' -> None."""
+    match = re.fullmatch(r"([\d.]+)\s*(ms|s)", shown or "")
+    if not match:
+        return None
+    return float(match.group(1)) * (1000.0 if match.group(2) == "s" else 1.0)
+
+
+def number(shown: str | None) -> float | None:
+    match = re.match(r"[\d.]+", shown or "")
+    return float(match.group(0)) if match else None
+
+
+def open_chat(page: Page, app: AppServer) -> None:
+    """Open a new session and wait until on_chat_start is done (the backend status list is shown)."""
+    page.goto(app.url)
+    # The status list names every backend's model; the paced server's is unique and language-neutral.
+    expect(page.locator('.step[data-step-type="assistant_message"]', has_text=PACED_MODEL)).to_be_visible(
+        timeout=SESSION_READY_TIMEOUT_MS)
+
+
+def switch_backend(page: Page, option_name: str, label: str) -> None:
+    """Choose a backend in the settings panel and confirm."""
+    page.locator("#chat-settings-open-modal").click()
+    page.locator("#backend").click()
+    page.get_by_role("option", name=option_name).click()
+    page.locator("#confirm").click()
+    expect(page.locator(".step", has_text=f"from your next message: {label}").last).to_be_visible()
+
+
+def send(page: Page, text: str) -> None:
+    page.locator("#chat-input").fill(text)
+    page.locator("#chat-submit").click()
+
+
+def new_reply_id(page: Page, previous_id: str | None, timeout_s: float = 60.0) -> str:
+    """The step id of the reply that appears after `previous_id`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snapshot = page.evaluate(SNAPSHOT_JS, None)
+        if snapshot and snapshot["stepId"] != previous_id:
+            return snapshot["stepId"]
+        time.sleep(0.05)
+    raise AssertionError("no new reply with figures appeared")
+
+
+def latest_reply_id(page: Page) -> str | None:
+    snapshot = page.evaluate(SNAPSHOT_JS, None)
+    return snapshot["stepId"] if snapshot else None
+
+
+def watch_reply(page: Page, step_id: str, *, until: tuple[str, ...] = ("completed", "stopped", "error"),
+                timeout_ms: float = REPLY_TIMEOUT_MS, poll_s: float = 0.05) -> list[dict]:
+    """Snapshots of one reply every poll_s until its figures reach a final state; the last is final."""
+    snapshots: list[dict] = []
+    deadline = time.monotonic() + timeout_ms / 1000
+    while time.monotonic() < deadline:
+        snapshot = page.evaluate(SNAPSHOT_JS, step_id)
+        if snapshot is not None:
+            snapshots.append(snapshot)
+            if snapshot["state"] in until:
+                return snapshots
+        time.sleep(poll_s)
+    raise AssertionError(f"reply {step_id} did not finish; last seen: {snapshots[-1:]}")
+
+
+def last_paced_request(server: PacedServer) -> dict:
+    requests = server.requests()
+    assert requests, "the paced server received no request"
+    return requests[-1]
+
+
+def assert_final_figures(final: dict, *, backend: str, model_part: str) -> None:
+    assert final["state"] == "completed", final
+    assert duration_ms(final["ttft"]) is not None and duration_ms(final["ttft"]) > 0, final
+    assert number(final["rate"]) is not None and number(final["rate"]) > 0, final
+    assert number(final["tokens"]) is not None and number(final["tokens"]) >= 2, final
+    assert duration_ms(final["elapsed"]) >= duration_ms(final["ttft"]), final
+    assert number(final["tpot"]) is not None, final
+    assert final["backend"] == backend, final
+    assert model_part in (final["model"] or ""), final
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def down_url() -> str:
+    return closed_loopback_url()
+
+
+@pytest.fixture(scope="module")
+def lab_app(app_factory, paced_server: PacedServer, down_url: str) -> AppServer:
+    env = {
+        "BACKENDS": "llama_cpp,paced,down",
+        "DEFAULT_BACKEND": "llama_cpp",
+        "DEFAULT_MAX_NEW_TOKENS": str(MAX_NEW_TOKENS),
+        "DEFAULT_TEMPERATURE": "0",
+        "DEFAULT_SYSTEM_PROMPT": "none",
+        **backend_env("paced", kind="openai", base_url=paced_server.base_url, label=PACED_LABEL),
+        **backend_env("down", kind="openai", base_url=down_url, label=DOWN_LABEL, connect_timeout_s="2"),
+    }
+    return app_factory(env, name="chainlit-browser-tests")
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_reply_streams_with_live_figures_then_final(page: Page, lab_app: AppServer):
+    open_chat(page, lab_app)
+    send(page, "Write a long story about a robot who learns to paint.")
+    step_id = new_reply_id(page, None)
+    snapshots = watch_reply(page, step_id)
+
+    live = [s for s in snapshots if s["state"] == "streaming" and number(s["tokens"])]
+    readings = {(s["tokens"], s["elapsed"]) for s in live}
+    assert len(readings) >= 3, f"expected several distinct live readings, saw {readings}"
+    tokens_seen = [number(s["tokens"]) for s in live]
+    assert tokens_seen == sorted(tokens_seen) and tokens_seen[-1] > tokens_seen[0], tokens_seen
+    elapsed_seen = [duration_ms(s["elapsed"]) for s in live]
+    assert elapsed_seen == sorted(elapsed_seen) and elapsed_seen[-1] > elapsed_seen[0], elapsed_seen
+    assert any(0 < len(s["text"]) < len(snapshots[-1]["text"]) for s in live), "the text did not stream"
+
+    final = snapshots[-1]
+    assert_final_figures(final, backend=LLAMA_LABEL, model_part="SmolLM2")
+    assert final["status"] == "done"
+    assert final["text"].strip()
+    assert number(final["tokens"]) >= tokens_seen[-1]
+
+
+def test_switching_backend_applies_to_the_next_reply(page: Page, lab_app: AppServer, paced_server: PacedServer):
+    paced_server.set_pace(rate_tokens_per_s=40, tokens=40)
+    open_chat(page, lab_app)
+    switch_backend(page, f"{PACED_LABEL} (paced)", PACED_LABEL)
+    send(page, "Which server answers this?")
+    step_id = new_reply_id(page, None)
+    final = watch_reply(page, step_id)[-1]
+
+    request = last_paced_request(paced_server)
+    assert request["last_user_text"] == "Which server answers this?"
+    assert final["text"].split() == ["w%d" % i for i in range(1, 40)] + [request["marker"]]
+    assert_final_figures(final, backend=PACED_LABEL, model_part=PACED_MODEL)
+    # The server's usage (include_usage) makes the count exact: no "≈" mark.
+    assert final["tokens"] == "40"
+    assert final["author"] == PACED_LABEL
+
+
+def test_unreachable_backend_shows_error_then_the_chat_goes_on(
+    page: Page, lab_app: AppServer, paced_server: PacedServer, down_url: str
+):
+    paced_server.set_pace(rate_tokens_per_s=50, tokens=20)
+    open_chat(page, lab_app)
+    switch_backend(page, f"{DOWN_LABEL} (down)", DOWN_LABEL)
+    user_text = "Please remember the number 4711."
+    send(page, user_text)
+
+    error = page.locator(".step", has_text=f"{DOWN_LABEL} could not answer")
+    expect(error).to_be_visible(timeout=30_000)
+    expect(error).to_contain_text(down_url)
+    expect(error).to_contain_text("not reachable")
+    expect(page.locator('.step[data-step-type="user_message"]', has_text=user_text)).to_be_visible()
+    requests_before = len(paced_server.requests())
+
+    # Switch to a working backend and press Retry: the same text is sent there.
+    switch_backend(page, f"{PACED_LABEL} (paced)", PACED_LABEL)
+    error.get_by_role("button", name="Retry").click()
+    final = watch_reply(page, new_reply_id(page, None))[-1]
+    assert final["state"] == "completed" and final["backend"] == PACED_LABEL, final
+    retried = last_paced_request(paced_server)
+    assert len(paced_server.requests()) == requests_before + 1
+    assert retried["last_user_text"] == user_text
+    assert final["text"].split()[-1] == retried["marker"]
+
+    # And the next message works as usual.
+    previous_id = final["stepId"]
+    send(page, "And now?")
+    final = watch_reply(page, new_reply_id(page, previous_id))[-1]
+    assert final["state"] == "completed", final
+    assert last_paced_request(paced_server)["last_user_text"] == "And now?"
+
+
+def test_stop_keeps_partial_reply_and_marks_figures_stopped(
+    page: Page, lab_app: AppServer, paced_server: PacedServer
+):
+    paced_server.set_pace(rate_tokens_per_s=10, tokens=300)  # 30 s if nobody stops it
+    open_chat(page, lab_app)
+    switch_backend(page, f"{PACED_LABEL} (paced)", PACED_LABEL)
+    send(page, "Tell me everything.")
+    step_id = new_reply_id(page, None)
+    watch_reply(page, step_id, until=("streaming",))
+    deadline = time.monotonic() + 30
+    while len(page.evaluate(SNAPSHOT_JS, step_id)["text"].split()) < 5:
+        assert time.monotonic() < deadline, "the reply did not start streaming"
+        time.sleep(0.05)
+    page.locator("#stop-button").click()
+    final = watch_reply(page, step_id)[-1]
+
+    assert final["state"] == "stopped", final
+    words = final["text"].split()
+    assert words and words == ["w%d" % i for i in range(1, len(words) + 1)], words
+    request = last_paced_request(paced_server)
+    assert request["marker"] not in final["text"]
+    # Stop closed the HTTP stream: the server saw the client go.
+    deadline = time.monotonic() + 10
+    while not request["closed_by_client"]:
+        assert time.monotonic() < deadline, request
+        time.sleep(0.2)
+        request = last_paced_request(paced_server)
+    assert request["tokens_sent"] < 300
+    time.sleep(1.0)
+    later = page.evaluate(SNAPSHOT_JS, step_id)
+    assert later["text"] == final["text"] and later["state"] == "stopped", "the reply went on after Stop"
+    assert number(final["tokens"]) is not None and number(final["tokens"]) >= len(words) - 1
+
+
+def test_chinese_reply_streams_without_broken_characters(chromium, lab_app: AppServer):
+    context = chromium.new_context(locale="zh-CN", viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        open_chat(page, lab_app)
+        send(page, "请用中文写一段关于春天的短文。")
+        step_id = new_reply_id(page, None)
+        snapshots = watch_reply(page, step_id)
+        final = snapshots[-1]
+        assert final["state"] == "completed", final
+        assert final["text"].strip()
+        broken = [s["text"] for s in snapshots if "\ufffd" in s["text"]]
+        assert not broken, f"U+FFFD shown while streaming: {broken[:1]}"
+        # The figures speak the browser's language.
+        assert final["status"] == "完成", final
+        expect(page.locator(f'#{step_id} [data-testid="metrics-ttft"]')).to_contain_text("首 token 时间")
+    finally:
+        context.close()
