@@ -4,7 +4,7 @@ Both paths use the same loaded `Llama` object, the same prompt and the same
 number of new tokens, greedy (temperature 0, fixed seed), interleaved run by
 run (the order alternates, so drift in machine load hits both alike):
 
-- app path: `LlamaCppBackend.stream()` wrapped in `timing.TimedStream`, exactly
+- app path: `LlamaCppBackend.stream()` measured by `timing.measure` (TimedStream), exactly
   what the chat UI consumes (worker thread, asyncio queue, per-token chunks);
 - bare loop: `Llama.create_chat_completion(stream=True)` iterated directly.
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.base import ChatMessage, GenerationParams  # noqa: E402
 from backends.llamacpp import LlamaCppBackend  # noqa: E402
 from config import BackendConfig, backend_configs, load_env  # noqa: E402
-from timing import TimedStream  # noqa: E402
+from timing import measure  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 SEED = 1234
@@ -61,15 +61,8 @@ def embedded_config() -> BackendConfig:
 
 async def app_path_run(backend: LlamaCppBackend, messages: list[ChatMessage], params: GenerationParams) -> Run:
     backend.model.llama.reset()
-    timed = TimedStream(backend.stream(messages, params), backend=backend.label, model="bench")
-    parts: list[str] = []
-    try:
-        async for chunk in timed:
-            parts.append(chunk.text)
-    finally:
-        await timed.aclose()
-    record = timed.finish("completed")
-    return Run("app", record.first_token_s, record.decode_tokens_per_s, record.output_tokens, "".join(parts))
+    text, record = await measure(backend.stream(messages, params), backend=backend.label, model="bench")
+    return Run("app", record.first_token_s, record.decode_tokens_per_s, record.output_tokens, text)
 
 
 def bare_run(llama, messages: list[ChatMessage], params: GenerationParams) -> Run:

@@ -61,13 +61,8 @@ def start_app(env: dict[str, str], *, name: str = "chainlit-app",
     """Start the app with `env` on top of this process's environment; return once it serves its page."""
     port = free_port()
     full_env = {"CHAINLIT_APP_ROOT": str(REPO), **env}
-    process = ServerProcess(name, chainlit_command(port), env=full_env).start()
     url = f"http://127.0.0.1:{port}"
-    try:
-        process.wait_http(url + "/", timeout_s)
-    except RuntimeError:
-        process.stop()
-        raise
+    process = ServerProcess(name, chainlit_command(port), env=full_env).start_serving(url + "/", timeout_s)
     return AppServer(url, process, full_env)
 
 
@@ -117,13 +112,8 @@ def start_paced_server(rate_tokens_per_s: float, tokens: int, *, name: str = "pa
     port = free_port()
     command = [PYTHON, "-m", "tests.paced_openai_server", "--port", str(port),
                "--rate", str(rate_tokens_per_s), "--tokens", str(tokens)]
-    process = ServerProcess(name, command).start()
     root_url = f"http://127.0.0.1:{port}"
-    try:
-        process.wait_http(root_url + "/health", timeout_s)
-    except RuntimeError:
-        process.stop()
-        raise
+    process = ServerProcess(name, command).start_serving(root_url + "/health", timeout_s)
     return PacedServer(root_url, process)
 
 

@@ -66,6 +66,16 @@ class ServerProcess:
             time.sleep(0.3)
         raise RuntimeError(f"{self.name} did not answer {url} within {timeout_s:.0f} s:\n{self.log_tail()}")
 
+    def start_serving(self, url: str, timeout_s: float) -> "ServerProcess":
+        """Start, wait until `url` answers 200, and stop again if it never does."""
+        self.start()
+        try:
+            self.wait_http(url, timeout_s)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
