@@ -29,7 +29,7 @@ if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
   set +o pipefail
   CMAKE_ARGS="-DLLAVA_BUILD=OFF" .venv/bin/pip install -v "llama-cpp-python==$LLAMA_CPP_VERSION" 2>&1 \
     | grep --line-buffered -oE '^ *\[[0-9]+/[0-9]+\]|Successfully installed.*|ERROR.*|error:.*' \
-    | awk '/^ *\[[0-9]+\/[0-9]+\]/ { gsub(/[ \[\]]/, ""); split($0, a, "/"); if (a[1] % 10 == 0 || a[1] == a[2]) { print "    compiled " a[1] "/" a[2]; fflush() } next } { print "    " $0; fflush() }'
+    | sed -u -n -E 's#^ *\[([0-9]*0)/([0-9]+)\]$#    compiled \1/\2#p; /^(Successfully|ERROR|error)/s#^#    #p'
   status=${PIPESTATUS[0]}
   set -o pipefail
   [ "$status" = 0 ] || { echo "llama-cpp-python failed to build (see the errors above)" >&2; exit "$status"; }
