@@ -5,9 +5,15 @@ chat/session.py (UI flow), chat/live.py (rendering), timing.py (measurement)
 and backends/ (one interface, one file per serving stack).
 """
 
+import logging
+
 import chainlit as cl
 
 from chat import session
+
+# Under `chainlit run -w`, every refresh of the live figures writes a file under
+# .files/, and the file watcher would log each one (~10 lines a second).
+logging.getLogger("watchfiles.main").setLevel(logging.WARNING)
 
 
 @cl.on_chat_start
