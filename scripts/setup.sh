@@ -5,7 +5,7 @@
 #   bash scripts/setup.sh --test   # + test tools, Debian's chromium, the vLLM CPU venv and its model
 #
 # The first run compiles llama.cpp (llama-cpp-python has no wheel on PyPI):
-# about 10 minutes on an idle 2-core machine, up to 30 under load. Progress is
+# 3.5 minutes measured on an idle 2-core machine, up to 30 under load. Progress is
 # printed as [done/total] compile steps. Later runs reuse pip's cached wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."

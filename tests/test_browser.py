@@ -304,3 +304,34 @@ def test_chinese_reply_streams_without_broken_characters(chromium, lab_app: AppS
         expect(page.locator(f'#{step_id} [data-testid="metrics-ttft"]')).to_contain_text("首 token 时间")
     finally:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def small_context_app(app_factory) -> AppServer:
+    """The embedded model with a 192-token context, so two long messages cannot both fit."""
+    env = {
+        "BACKENDS": "llama_cpp",
+        "LLAMA_CPP_N_CTX": "192",
+        "DEFAULT_MAX_NEW_TOKENS": "16",
+        "DEFAULT_TEMPERATURE": "0",
+        "DEFAULT_SYSTEM_PROMPT": "none",
+    }
+    return app_factory(env, name="chainlit-small-context")
+
+
+def test_history_longer_than_the_context_is_trimmed_with_a_visible_note(page: Page, small_context_app: AppServer):
+    page.goto(small_context_app.url)
+    expect(page.locator(".step", has_text="context 192 tokens")).to_be_visible(timeout=SESSION_READY_TIMEOUT_MS)
+    long_text = "Please remember these words: " + " ".join(f"apple{i}" for i in range(40))
+    send(page, long_text)
+    first = new_reply_id(page, None)
+    assert watch_reply(page, first)[-1]["state"] == "completed"
+    expect(page.locator(".step", has_text="Trimmed")).to_have_count(0)
+
+    send(page, long_text.replace("apple", "pear"))
+    second = new_reply_id(page, first)
+    final = watch_reply(page, second)[-1]
+    assert final["state"] == "completed", final  # trimmed, not rejected by the backend
+    note = page.locator(".step", has_text="Trimmed 2 earlier message(s)")
+    expect(note).to_be_visible()
+    expect(note).to_contain_text("context of 192 tokens")
