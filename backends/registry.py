@@ -79,10 +79,6 @@ class Registry:
                                  reason=f"{backend.label} at {backend.url} did not answer within {timeout_s:.0f} s.")
         return BackendStatus(name, backend.label, backend.url, True, info=info)
 
-    async def statuses(self, timeout_s: float = 5.0) -> list[BackendStatus]:
-        """Probe every backend concurrently; a backend that is down is reported, not hidden."""
-        return list(await asyncio.gather(*(self.status(n, timeout_s) for n in self.names)))
-
     async def aclose(self) -> None:
         for backend in self:
             await backend.aclose()
