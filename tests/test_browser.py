@@ -335,3 +335,43 @@ def test_history_longer_than_the_context_is_trimmed_with_a_visible_note(page: Pa
     note = page.locator(".step", has_text="Trimmed 2 earlier message(s)")
     expect(note).to_be_visible()
     expect(note).to_contain_text("context of 192 tokens")
+
+
+@pytest.fixture(scope="module")
+def tgi_app(app_factory, tgi_server) -> AppServer:
+    """The app on the TGI-protocol test server (native route), nothing else."""
+    env = {
+        "BACKENDS": "tgi",
+        "TGI_BASE_URL": tgi_server.url,
+        "TGI_ROUTE": "generate",
+        "DEFAULT_MAX_NEW_TOKENS": "48",
+        "DEFAULT_SYSTEM_PROMPT": "none",
+    }
+    return app_factory(env, name="chainlit-tgi")
+
+
+def test_tgi_error_inside_the_stream_reaches_the_user_clearly(page: Page, tgi_app: AppServer, tgi_server):
+    import json
+    import urllib.request
+
+    page.goto(tgi_app.url)
+    expect(page.locator(".step", has_text=tgi_server.model_id)).to_be_visible(timeout=SESSION_READY_TIMEOUT_MS)
+    # The next generation fails after 5 tokens with an error event, as TGI reports a generation error.
+    arm = urllib.request.Request(f"{tgi_server.url}/__test__/faults", method="POST",
+                                 data=json.dumps({"fail_after_tokens": 5, "error_type": "generation"}).encode(),
+                                 headers={"content-type": "application/json"})
+    urllib.request.urlopen(arm, timeout=10).close()
+
+    send(page, "Tell me about rivers.")
+    reply = new_reply_id(page, None)
+    final = watch_reply(page, reply)[-1]
+    assert final["state"] == "error", final
+    assert final["text"].strip(), "the text streamed before the error stays"
+    error = page.locator(".step", has_text="could not answer").last
+    expect(error).to_contain_text("TGI")
+    expect(error).to_contain_text(tgi_server.url)
+    expect(error).to_contain_text("generation")
+
+    send(page, "Tell me about lakes.")  # the session goes on
+    following = new_reply_id(page, reply)
+    assert watch_reply(page, following)[-1]["state"] == "completed"
