@@ -8,6 +8,7 @@ settings, the conversation and a pending message to retry live in
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import time
@@ -56,6 +57,22 @@ class AppState:
         status = await self.registry.status(name, STATUS_TIMEOUT_S)
         self._info[name] = (time.monotonic(), status)
         return status
+
+
+class MetricsElement(cl.CustomElement):
+    """The live figures (public/elements/Metrics.jsx).
+
+    A plain CustomElement writes a new file under .files/ at every update (~10 a
+    second while streaming, per session). Live refreshes only need the new props
+    in the browser, so only the final figures are written.
+    """
+
+    async def update(self) -> None:
+        final = self.props.get("state") in ("completed", "stopped", "error")
+        self.updatable = final
+        if final:
+            self.content = json.dumps(self.props)
+        await super().update()
 
 
 _state: AppState | None = None
@@ -186,9 +203,9 @@ async def reply(user_text: str) -> None:
     params = settings.params()
     params = type(params)(params.temperature, params.top_p, fitted.max_new_tokens, params.seed)
     message = cl.Message(content="", author=_author(backend.label, backend.name))
-    metrics = cl.CustomElement(name="Metrics", props={"state": "starting", "lang": lang,
-                                                     "backend": backend.label, "model": model},
-                               display="inline")
+    metrics = MetricsElement(name="Metrics", props={"state": "starting", "lang": lang,
+                                                   "backend": backend.label, "model": model},
+                             display="inline")
     message.elements = [metrics]
     await message.send()
     timed = TimedStream(backend.stream(fitted.messages, params), backend=backend.label, model=model)
