@@ -576,8 +576,15 @@ class TGIProtocolServer:
 
     # -- native routes
 
-    def stream_response(self, path: str, payload: dict[str, Any], add_special_tokens: bool = True) -> SSEResponse:
-        """/generate_stream (and / with stream): StreamResponse events, errors in-stream."""
+    def token_stream(self, path: str, prepare: Callable[[], tuple[ValidRequest, Callable[..., list[bytes]]]],
+                     closing: bytes | None = None) -> SSEResponse:
+        """One generation as SSE, shared by the native and the chat streaming routes.
+
+        `prepare()` validates the request (raising InferError) and returns the
+        ValidRequest and `render(token, finish_reason, generated_text, count)`,
+        the events for one token. As in TGI, every error is an in-stream event;
+        `closing` (the chat route's `[DONE]`) ends every stream not cancelled.
+        """
         job_holder: list[Job] = []
 
         def on_disconnect() -> None:
@@ -589,48 +596,72 @@ class TGIProtocolServer:
                 self.admit()
             except InferError as error:
                 yield self.error_event(path, error)
+                if closing:
+                    yield closing
                 return
             try:
                 try:
-                    parameters = GenerateParameters.from_json(payload.get("parameters"))
-                    if parameters.best_of not in (None, 1):
-                        raise validation_error("`best_of` != 1 is not supported when streaming tokens")
-                    if parameters.decoder_input_details:
-                        raise validation_error("`decoder_input_details` == true is not supported when streaming tokens")
-                    valid = self.validate(str(payload.get("inputs", "")), parameters, add_special_tokens)
+                    valid, render = prepare()
                 except InferError as error:
                     yield self.error_event(path, error)
+                    if closing:
+                        yield closing
                     return
                 job, queue = self.start(path, valid)
                 job_holder.append(job)
-                index = 0
+                count = 0
                 async for item in self.tokens(queue):
                     if item[0] == "error":
                         yield self.error_event(path, item[1])
-                        return
+                        break
                     if item[0] == "cancelled":
                         return
                     _, token, finish_reason, generated_text = item
-                    index += 1
-                    event = {"index": index, "token": token.as_json(), "top_tokens": [],
-                             "generated_text": None, "details": None}
+                    count += 1
+                    rendered = render(token, finish_reason, generated_text, count)
                     if finish_reason is not None:
-                        if parameters.return_full_text:
-                            generated_text = valid.inputs + generated_text
-                        event["generated_text"] = generated_text
-                        if valid.details:
-                            event["details"] = {"finish_reason": finish_reason, "generated_tokens": index,
-                                                "input_length": valid.input_length,
-                                                "seed": valid.seed if valid.sampling else None}
                         self.counters["tgi_request_success"] += 1
-                        self.counters["tgi_request_generated_tokens_total"] += index
-                    yield self.sse(path, 200, event)
+                        self.counters["tgi_request_generated_tokens_total"] += count
+                    for event in rendered:
+                        yield event
+                if closing:
+                    yield closing
             finally:
                 if job_holder:
                     job_holder[0].cancelled.set()
                 self.release()
 
         return SSEResponse(events(), on_disconnect)
+
+    # -- native routes
+
+    def stream_response(self, path: str, payload: dict[str, Any], add_special_tokens: bool = True) -> SSEResponse:
+        """/generate_stream (and / with stream): StreamResponse events, errors in-stream."""
+
+        def prepare() -> tuple[ValidRequest, Callable[..., list[bytes]]]:
+            parameters = GenerateParameters.from_json(payload.get("parameters"))
+            if parameters.best_of not in (None, 1):
+                raise validation_error("`best_of` != 1 is not supported when streaming tokens")
+            if parameters.decoder_input_details:
+                raise validation_error("`decoder_input_details` == true is not supported when streaming tokens")
+            valid = self.validate(str(payload.get("inputs", "")), parameters, add_special_tokens)
+
+            def render(token, finish_reason, generated_text, index) -> list[bytes]:
+                event = {"index": index, "token": token.as_json(), "top_tokens": [],
+                         "generated_text": None, "details": None}
+                if finish_reason is not None:
+                    if parameters.return_full_text:
+                        generated_text = valid.inputs + generated_text
+                    event["generated_text"] = generated_text
+                    if valid.details:
+                        event["details"] = {"finish_reason": finish_reason, "generated_tokens": index,
+                                            "input_length": valid.input_length,
+                                            "seed": valid.seed if valid.sampling else None}
+                return [self.sse(path, 200, event)]
+
+            return valid, render
+
+        return self.token_stream(path, prepare)
 
     async def generate_once(self, path: str, valid: ValidRequest, return_full_text: bool) -> dict[str, Any]:
         """Run a whole generation; the GenerateResponse body. Raises InferError."""
@@ -747,57 +778,26 @@ class TGIProtocolServer:
     def chat_stream(self, path: str, payload: dict[str, Any], prompt: str,
                     parameters: GenerateParameters) -> SSEResponse:
         include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-        job_holder: list[Job] = []
 
-        def on_disconnect() -> None:
-            if job_holder:
-                job_holder[0].cancelled.set()
+        def prepare() -> tuple[ValidRequest, Callable[..., list[bytes]]]:
+            valid = self.validate(prompt, parameters, False)
 
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                self.admit()
-            except InferError as error:
-                yield self.error_event(path, error)
-                yield b"data: [DONE]\n\n"
-                return
-            try:
-                try:
-                    valid = self.validate(prompt, parameters, False)
-                except InferError as error:
-                    yield self.error_event(path, error)
-                    yield b"data: [DONE]\n\n"
-                    return
-                job, queue = self.start(path, valid)
-                job_holder.append(job)
-                generated = 0
-                async for item in self.tokens(queue):
-                    if item[0] == "error":
-                        yield self.error_event(path, item[1])
-                        break
-                    if item[0] == "cancelled":
-                        return
-                    _, token, finish_reason, _ = item
-                    generated += 1
-                    finish = None
-                    if finish_reason is not None:
-                        finish = "stop" if finish_reason == "eos_token" else finish_reason
-                    delta = {"role": "assistant", "content": "" if token.special else token.text}
-                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                    yield self.sse(path, 200, self.chat_chunk([choice], None))
-                    if finish_reason is not None:
-                        self.counters["tgi_request_success"] += 1
-                        self.counters["tgi_request_generated_tokens_total"] += generated
-                        if include_usage:
-                            usage = {"prompt_tokens": valid.input_length, "completion_tokens": generated,
-                                     "total_tokens": valid.input_length + generated}
-                            yield self.sse(path, 200, self.chat_chunk([], usage))
-                yield b"data: [DONE]\n\n"
-            finally:
-                if job_holder:
-                    job_holder[0].cancelled.set()
-                self.release()
+            def render(token, finish_reason, _generated_text, generated) -> list[bytes]:
+                finish = None
+                if finish_reason is not None:
+                    finish = "stop" if finish_reason == "eos_token" else finish_reason
+                delta = {"role": "assistant", "content": "" if token.special else token.text}
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                events = [self.sse(path, 200, self.chat_chunk([choice], None))]
+                if finish_reason is not None and include_usage:
+                    usage = {"prompt_tokens": valid.input_length, "completion_tokens": generated,
+                             "total_tokens": valid.input_length + generated}
+                    events.append(self.sse(path, 200, self.chat_chunk([], usage)))
+                return events
 
-        return SSEResponse(events(), on_disconnect)
+            return valid, render
+
+        return self.token_stream(path, prepare, closing=b"data: [DONE]\n\n")
 
     # -- tokenizer and info routes
 
