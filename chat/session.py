@@ -12,7 +12,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import chainlit as cl
 
@@ -200,8 +200,7 @@ async def reply(user_text: str) -> None:
                          author="Serving Lab").send()
 
     model = status.info.model_id if status.info else backend.name
-    params = settings.params()
-    params = type(params)(params.temperature, params.top_p, fitted.max_new_tokens, params.seed)
+    params = replace(settings.params(), max_new_tokens=fitted.max_new_tokens)
     message = cl.Message(content="", author=_author(backend.label, backend.name))
     metrics = MetricsElement(name="Metrics", props={"state": "starting", "lang": lang,
                                                    "backend": backend.label, "model": model},
