@@ -5,8 +5,8 @@
 #   bash scripts/setup.sh --test   # + test tools, Debian's chromium, the vLLM CPU venv and its model
 #
 # The first run compiles llama.cpp (llama-cpp-python has no wheel on PyPI):
-# 3.5 minutes measured on an idle 2-core machine, up to 30 under load. Progress is
-# printed as [done/total] compile steps. Later runs reuse pip's cached wheel.
+# about 6 minutes measured on an idle 2-core machine, up to 30 under load. Progress is
+# printed as compiled N/140. Later runs reuse the wheel from the first build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,15 +24,37 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/pip install --quiet --upgrade pip
 fi
 
-if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
-  step "Building llama-cpp-python $LLAMA_CPP_VERSION without the multimodal part (minutes; progress below)"
-  set +o pipefail
-  CMAKE_ARGS="-DLLAVA_BUILD=OFF" .venv/bin/pip install -v "llama-cpp-python==$LLAMA_CPP_VERSION" 2>&1 \
-    | grep --line-buffered -oE '^ *\[[0-9]+/[0-9]+\]|Successfully installed.*|ERROR.*|error:.*' \
-    | sed -u -n -E 's#^ *\[([0-9]*0)/([0-9]+)\]$#    compiled \1/\2#p; /^(Successfully|ERROR|error)/s#^#    #p'
-  status=${PIPESTATUS[0]}
-  set -o pipefail
-  [ "$status" = 0 ] || { echo "llama-cpp-python failed to build (see the errors above)" >&2; exit "$status"; }
+# llama.cpp is built portable (AVX2, no -march=native): a native build crashed in
+# llama_decode on an AVX-512/AMX machine, and a portable wheel runs on any x86-64
+# with AVX2. LLAMA_CPP_CMAKE_ARGS overrides the flags (e.g. "-DGGML_NATIVE=ON").
+if [ "$(uname -m)" = x86_64 ]; then
+  DEFAULT_CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+else
+  DEFAULT_CMAKE_ARGS="-DLLAVA_BUILD=OFF"
+fi
+LLAMA_CMAKE_ARGS=${LLAMA_CPP_CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}
+BUILD_ID="llama-cpp-python $LLAMA_CPP_VERSION $LLAMA_CMAKE_ARGS"
+BUILD_STAMP=.venv/.llama-cpp-build
+# Our own wheel cache, keyed by version and flags (pip's cache ignores CMAKE_ARGS).
+WHEEL_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/serving-lab/wheels/$(printf '%s' "$BUILD_ID" | sha1sum | cut -c1-16)"
+
+if [ "$(cat "$BUILD_STAMP" 2>/dev/null)" != "$BUILD_ID" ]; then
+  if ! ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    step "Building llama-cpp-python $LLAMA_CPP_VERSION ($LLAMA_CMAKE_ARGS): minutes, progress below"
+    mkdir -p "$WHEEL_DIR"
+    set +o pipefail
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" .venv/bin/pip wheel --no-deps --no-cache-dir -v -w "$WHEEL_DIR" \
+        "llama-cpp-python==$LLAMA_CPP_VERSION" 2>&1 \
+      | grep --line-buffered -oE '^ *\[[0-9]+/[0-9]+\]|Successfully built.*|ERROR.*|error:.*' \
+      | sed -u -n -E 's#^ *\[([0-9]*0)/([0-9]+)\]$#    compiled \1/\2#p; /^(Successfully|ERROR|error)/s#^#    #p'
+    status=${PIPESTATUS[0]}
+    set -o pipefail
+    [ "$status" = 0 ] || { rm -rf "$WHEEL_DIR"; echo "llama-cpp-python failed to build (see the errors above)" >&2; exit "$status"; }
+  else
+    step "Using the llama-cpp-python wheel built earlier with the same flags"
+  fi
+  .venv/bin/pip install --quiet --force-reinstall --no-deps "$WHEEL_DIR"/llama_cpp_python-*.whl
+  printf '%s' "$BUILD_ID" > "$BUILD_STAMP"
 fi
 
 step "Installing the app's packages"
