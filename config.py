@@ -36,7 +36,8 @@ KIND_VARIABLES = {
     "tgi": _REMOTE + ("ROUTE", "ADAPTER_ID", "CHAT_TEMPLATE"),
 }
 GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P",
-                    "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_SYSTEM_PROMPT")
+                    "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TOP_K", "DEFAULT_MIN_P", "DEFAULT_REPETITION_PENALTY",
+                    "DEFAULT_SEED", "DEFAULT_SYSTEM_PROMPT")
 DEFAULT_LABELS = {
     "llamacpp": "llama.cpp (embedded)",
     "vllm": "vLLM",
@@ -64,6 +65,16 @@ class Bound:
 
 
 @dataclass(frozen=True)
+class OptionalBound:
+    """An optional numeric setting: empty (None) means "not sent"; otherwise within bounds."""
+
+    default: float | None
+    minimum: float
+    maximum: float
+    integer: bool = False
+
+
+@dataclass(frozen=True)
 class ChatDefaults:
     """Per-session generation settings: defaults and bounds for the settings panel."""
 
@@ -71,6 +82,12 @@ class ChatDefaults:
     temperature: Bound = Bound(0.7, 0.0, 2.0, 0.05)
     top_p: Bound = Bound(0.95, 0.05, 1.0, 0.05)
     max_new_tokens: Bound = Bound(256, 16, 4096, 16)
+    # Empty by default: not sent, so each engine's own default applies (chainlit.md lists them).
+    top_k: OptionalBound = OptionalBound(None, 1, 1000, integer=True)
+    min_p: OptionalBound = OptionalBound(None, 0.0, 1.0)
+    repetition_penalty: OptionalBound = OptionalBound(None, 0.01, 10.0)
+    # llama.cpp takes a 32-bit seed and reads 2^32-1 as "random".
+    seed: OptionalBound = OptionalBound(None, 0, 2**32 - 2, integer=True)
     system_prompt_preset: str = "helpful"
 
     @classmethod
@@ -86,6 +103,10 @@ class ChatDefaults:
             temperature=_bound(env, "DEFAULT_TEMPERATURE", base.temperature),
             top_p=_bound(env, "DEFAULT_TOP_P", base.top_p),
             max_new_tokens=_bound(env, "DEFAULT_MAX_NEW_TOKENS", base.max_new_tokens),
+            top_k=_optional_bound(env, "DEFAULT_TOP_K", base.top_k),
+            min_p=_optional_bound(env, "DEFAULT_MIN_P", base.min_p),
+            repetition_penalty=_optional_bound(env, "DEFAULT_REPETITION_PENALTY", base.repetition_penalty),
+            seed=_optional_bound(env, "DEFAULT_SEED", base.seed),
             system_prompt_preset=env.get("DEFAULT_SYSTEM_PROMPT", base.system_prompt_preset),
         )
 
@@ -100,6 +121,19 @@ def _bound(env: Mapping[str, str], variable: str, bound: Bound) -> Bound:
             f"{variable}={raw} is outside {bound.minimum}..{bound.maximum}."
         )
     return Bound(value, bound.minimum, bound.maximum, bound.step)
+
+
+def _optional_bound(env: Mapping[str, str], variable: str, bound: OptionalBound) -> OptionalBound:
+    raw = (env.get(variable) or "").strip()
+    if not raw:
+        return bound
+    value = _number(variable, raw)
+    if not bound.minimum <= value <= bound.maximum or (bound.integer and value != int(value)):
+        kind = "a whole number" if bound.integer else "a number"
+        raise ConfigurationError(
+            f"{variable}={raw} must be {kind} in {bound.minimum:g}..{bound.maximum:g}, or empty (not sent)."
+        )
+    return OptionalBound(int(value) if bound.integer else value, bound.minimum, bound.maximum, bound.integer)
 
 
 def _number(variable: str, raw: str) -> float:

@@ -4,28 +4,77 @@ Wrap any backend stream in `TimedStream`; read `live()` while it runs and
 `finish()` once it ends. The chat UI and the benchmark both use this module,
 so their figures agree by construction.
 
-Definitions (the same as vLLM's and llama.cpp's benchmark tools):
-- the clock starts just before the request is sent (first iteration);
-- time to first token (TTFT) = arrival of the first chunk with non-empty text;
-- decode tokens/s = (output tokens - 1) / (last token time - first token time),
+Definitions (the names follow `vllm bench serve`; `chainlit.md` maps them to
+GuideLLM's and GenAI-Perf/AIPerf's, which use the same words differently):
+- the clock starts just before the request is sent (first iteration of the
+  prepared request's stream; all lookups happened before, in `prepare`);
+- first byte = the first event from the server of any kind (an OpenAI
+  server's empty role chunk counts; a local queue status does not);
+- TTFT (time to first token) = arrival of the first chunk with text;
+- end of generation = the last chunk carrying text, tokens or a finish
+  reason (a trailing usage-only chunk does not count) - vLLM's request end;
+- TPOT (ms per output token) = (end of generation - TTFT) / (tokens - 1);
+- ITL (inter-token latency) = the gaps between successive chunks that carry
+  tokens, after the first; reported as median, p90, p99 and the longest stall;
+- decode tokens/s = (tokens - 1) / (last token chunk - first token chunk),
   so TTFT is never part of the rate;
-- ms per output token (TPOT) = (total time - TTFT) / (output tokens - 1);
-- output tokens are counted exactly from what the backend says each chunk
-  holds, never as one chunk = one token. Where the protocol does not say,
-  the count is marked estimated. Where the server reports its own count, it is
-  kept beside ours and a disagreement is flagged.
+- output tokens are counted from what the backend says each chunk holds,
+  never as one chunk = one token. Where the protocol does not say, the count
+  is an estimate until the server's own count arrives, which then wins.
+  Where both are exact and disagree, the disagreement is flagged.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
-from typing import AsyncIterator, Callable, Literal
+from typing import AsyncIterator, Callable, Literal, Sequence
 
-from backends.base import StreamChunk
+from backends.base import ServerFigures, StreamChunk
 
 Clock = Callable[[], float]
 Status = Literal["streaming", "completed", "stopped", "error"]
+FINAL_STATES: tuple[Status, ...] = ("completed", "stopped", "error")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class InterTokenLatency:
+    """Gaps between successive token-carrying chunks after the first, in milliseconds."""
+
+    count: int
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    longest_stall_after_tokens: int  # output tokens already received when the longest gap began
+    longest_stall_ended_s: float  # when the longest gap ended, from the clock start
+
+    @classmethod
+    def of(cls, chunk_times_s: Sequence[float], chunk_tokens: Sequence[int]) -> "InterTokenLatency | None":
+        if len(chunk_times_s) < 2:
+            return None
+        gaps_ms = [(b - a) * 1000.0 for a, b in zip(chunk_times_s, chunk_times_s[1:])]
+        longest = max(range(len(gaps_ms)), key=gaps_ms.__getitem__)
+        return cls(
+            count=len(gaps_ms),
+            median_ms=percentile(gaps_ms, 50),
+            p90_ms=percentile(gaps_ms, 90),
+            p99_ms=percentile(gaps_ms, 99),
+            max_ms=gaps_ms[longest],
+            longest_stall_after_tokens=sum(chunk_tokens[: longest + 1]),
+            longest_stall_ended_s=chunk_times_s[longest + 1],
+        )
 
 
 @dataclass(frozen=True)
@@ -42,49 +91,69 @@ class LiveFigures:
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """The frozen measurement of one request."""
+    """The frozen measurement of one request: figures, the server's own, and the timeline."""
 
     backend: str
     model: str
     status: Status
-    total_s: float
+    started_at_unix_s: float
+    total_s: float  # until the stream was closed
+    first_byte_s: float | None
     first_token_s: float | None
+    last_chunk_s: float | None  # end of generation
     output_tokens: int
     decode_tokens_per_s: float | None
-    ms_per_output_token: float | None
+    ms_per_output_token: float | None  # TPOT
+    itl: InterTokenLatency | None
     finish_reason: str | None
     tokens_exact: bool
     token_source: str
-    server_output_tokens: int | None
-    server_input_tokens: int | None
+    server: ServerFigures | None
     count_disagreement: str | None
-    chunk_gaps_s: tuple[float, ...]
+    chunk_times_s: tuple[float, ...]  # arrival of each token-carrying chunk, from the clock start
+    chunk_tokens: tuple[int, ...]  # tokens each of those chunks carried (estimated where not exact)
     error: str | None = None
 
-    def as_dict(self, include_gaps: bool = False) -> dict:
+    @property
+    def server_output_tokens(self) -> int | None:
+        return self.server.output_tokens if self.server else None
+
+    @property
+    def server_input_tokens(self) -> int | None:
+        return self.server.input_tokens if self.server else None
+
+    @property
+    def chunk_gaps_s(self) -> tuple[float, ...]:
+        times = self.chunk_times_s
+        return tuple(b - a for a, b in zip(times, times[1:]))
+
+    def as_dict(self, include_timeline: bool = False) -> dict:
+        """JSON-ready; the per-chunk timeline only when asked (it can be thousands of numbers)."""
         data = asdict(self)
-        if not include_gaps:
-            data.pop("chunk_gaps_s")
+        if not include_timeline:
+            data.pop("chunk_times_s")
+            data.pop("chunk_tokens")
         return data
 
 
 class StreamMeter:
     """Accumulates timestamps and token counts for one request."""
 
-    def __init__(self, clock: Clock = time.perf_counter) -> None:
+    def __init__(self, clock: Clock = time.perf_counter, wall_clock: Clock = time.time) -> None:
         self._clock = clock
+        self._wall_clock = wall_clock
         self._start: float | None = None
+        self._started_at_unix_s = 0.0
+        self._first_byte_at: float | None = None
         self._first_token_at: float | None = None
-        self._last_token_at: float | None = None
-        self._previous_chunk_at: float | None = None
+        self._last_chunk_at: float | None = None
         self._tokens = 0
         self._tokens_exact = True
         self._finish_reason: str | None = None
-        self._server_output_tokens: int | None = None
-        self._server_input_tokens: int | None = None
-        self._server_source: str | None = None
+        self._server: ServerFigures | None = None
         self._queue_position: int | None = None
-        self._gaps: list[float] = []
+        self._chunk_times: list[float] = []
+        self._chunk_tokens: list[int] = []
 
     @property
     def started(self) -> bool:
@@ -92,14 +161,21 @@ class StreamMeter:
 
     def start(self, at: float | None = None) -> None:
         self._start = self._clock() if at is None else at
+        self._started_at_unix_s = self._wall_clock()
 
     def observe(self, chunk: StreamChunk, at: float | None = None) -> None:
         """Record one chunk as it arrives."""
         now = self._clock() if at is None else at
         if self._start is None:
-            self._start = now
+            self.start(now)
+        local_status_only = (chunk.queue_position is not None and not chunk.text and not chunk.token_count
+                             and chunk.finish_reason is None and chunk.server_figures is None)
         if chunk.queue_position is not None:
             self._queue_position = chunk.queue_position or None
+        if local_status_only:
+            return
+        if self._first_byte_at is None:
+            self._first_byte_at = now
         tokens = chunk.token_count
         if tokens is None:
             # The protocol did not say: one per chunk with text is the best guess, and we say so.
@@ -110,42 +186,35 @@ class StreamMeter:
             self._first_token_at = now
             self._queue_position = None
         if tokens > 0 or chunk.text:
-            if self._previous_chunk_at is not None:
-                self._gaps.append(now - self._previous_chunk_at)
-            self._previous_chunk_at = now
-            self._last_token_at = now
+            self._chunk_times.append(now)
+            self._chunk_tokens.append(tokens)
             self._tokens += tokens
+        if tokens > 0 or chunk.text or chunk.finish_reason:
+            self._last_chunk_at = now
         if chunk.finish_reason:
             self._finish_reason = chunk.finish_reason
         figures = chunk.server_figures
         if figures is not None:
-            self._server_source = figures.source
-            if figures.output_tokens is not None:
-                self._server_output_tokens = figures.output_tokens
-            if figures.input_tokens is not None:
-                self._server_input_tokens = figures.input_tokens
+            self._server = figures if self._server is None else self._server.merged(figures)
             if figures.finish_reason and not self._finish_reason:
                 self._finish_reason = figures.finish_reason
 
-    def _elapsed(self, now: float) -> float:
-        return 0.0 if self._start is None else now - self._start
-
-    def _first_token_s(self) -> float | None:
-        if self._first_token_at is None or self._start is None:
+    def _since_start(self, at: float | None) -> float | None:
+        if at is None or self._start is None:
             return None
-        return self._first_token_at - self._start
+        return at - self._start
 
     def _decode_rate(self, tokens: int) -> float | None:
-        if tokens < 2 or self._first_token_at is None or self._last_token_at is None:
+        if tokens < 2 or len(self._chunk_times) < 2 or self._first_token_at is None:
             return None
-        span = self._last_token_at - self._first_token_at
+        span = self._chunk_times[-1] - self._first_token_at
         return (tokens - 1) / span if span > 0 else None
 
     def live(self, at: float | None = None) -> LiveFigures:
         now = self._clock() if at is None else at
         return LiveFigures(
-            elapsed_s=self._elapsed(now),
-            first_token_s=self._first_token_s(),
+            elapsed_s=self._since_start(now) or 0.0,
+            first_token_s=self._since_start(self._first_token_at),
             output_tokens=self._tokens,
             decode_tokens_per_s=self._decode_rate(self._tokens),
             queue_position=self._queue_position,
@@ -163,40 +232,48 @@ class StreamMeter:
     ) -> RequestRecord:
         """Freeze the measurement. Call once the stream has ended, stopped or failed."""
         now = self._clock() if at is None else at
-        total_s = self._elapsed(now)
         tokens = self._tokens
         tokens_exact = self._tokens_exact
         token_source = "per-chunk token counts from the backend"
         disagreement = None
-        server_tokens = self._server_output_tokens
+        server = self._server
+        server_tokens = server.output_tokens if server else None
         if server_tokens is not None and not tokens_exact:
-            # Our count was an estimate; the server's count is exact, so it wins.
+            # Our count was an estimate; the server's closing count is exact, so it is final.
             tokens, tokens_exact = server_tokens, True
-            token_source = f"{self._server_source} (stream chunks did not carry counts)"
+            token_source = f"{server.source} (the stream's chunks did not carry counts)"
         elif server_tokens is not None and server_tokens != tokens:
-            disagreement = f"client counted {tokens} tokens, {self._server_source} reports {server_tokens}"
+            disagreement = f"client counted {tokens} tokens, {server.source} reports {server_tokens}"
         elif not tokens_exact:
-            token_source = "estimated: one token per chunk (the server reported no counts)"
-        first_token_s = self._first_token_s()
+            token_source = "estimated: one token per chunk with text (the server reported no counts)"
+        first_token_s = self._since_start(self._first_token_at)
+        last_chunk_s = self._since_start(self._last_chunk_at)
         ms_per_output_token = None
-        if first_token_s is not None and tokens >= 2:
-            ms_per_output_token = (total_s - first_token_s) / (tokens - 1) * 1000.0
+        if first_token_s is not None and last_chunk_s is not None and tokens >= 2:
+            ms_per_output_token = (last_chunk_s - first_token_s) / (tokens - 1) * 1000.0
+        start = self._start if self._start is not None else now
+        chunk_times = tuple(t - start for t in self._chunk_times)
+        chunk_tokens = tuple(self._chunk_tokens)
         return RequestRecord(
             backend=backend,
             model=model,
             status=status,
-            total_s=total_s,
+            started_at_unix_s=self._started_at_unix_s,
+            total_s=now - start,
+            first_byte_s=self._since_start(self._first_byte_at),
             first_token_s=first_token_s,
+            last_chunk_s=last_chunk_s,
             output_tokens=tokens,
             decode_tokens_per_s=self._decode_rate(tokens),
             ms_per_output_token=ms_per_output_token,
+            itl=InterTokenLatency.of(chunk_times, chunk_tokens),
             finish_reason=self._finish_reason,
             tokens_exact=tokens_exact,
             token_source=token_source,
-            server_output_tokens=server_tokens,
-            server_input_tokens=self._server_input_tokens,
+            server=server,
             count_disagreement=disagreement,
-            chunk_gaps_s=tuple(self._gaps),
+            chunk_times_s=chunk_times,
+            chunk_tokens=chunk_tokens,
             error=error,
         )
 
@@ -204,9 +281,9 @@ class StreamMeter:
 class TimedStream:
     """An async iterator over a backend stream that measures as it goes.
 
-    The clock starts just before the first `__anext__`, which is when an async
-    generator backend sends its request. `aclose()` closes the backend stream
-    (and with it the HTTP connection or the worker thread).
+    The clock starts just before the first `__anext__`, which is when a
+    backend's stream sends its (already prepared) request. `aclose()` closes
+    the backend stream (and with it the HTTP stream or the worker thread).
     """
 
     def __init__(
@@ -247,9 +324,18 @@ class TimedStream:
         return self.meter.finish(status, backend=self.backend, model=self.model, error=error)
 
 
-async def measure(stream: AsyncIterator[StreamChunk], *, backend: str, model: str) -> tuple[str, RequestRecord]:
-    """Consume a whole stream; return its text and record. Backend errors propagate."""
-    timed = TimedStream(stream, backend=backend, model=model)
+async def measure(backend, messages, params, *, label: str | None = None) -> tuple[str, RequestRecord]:
+    """Prepare (not measured), then stream and measure one whole reply; return its text and record.
+
+    Backend errors propagate. `backend` is any `backends.base.Backend`.
+    """
+    request = await backend.prepare(messages, params)
+    return await measure_prepared(backend, request, label=label)
+
+
+async def measure_prepared(backend, request, *, label: str | None = None) -> tuple[str, RequestRecord]:
+    """Stream and measure an already prepared request; return its text and record."""
+    timed = TimedStream(backend.stream(request), backend=label or backend.label, model=request.model)
     parts: list[str] = []
     try:
         async for chunk in timed:

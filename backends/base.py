@@ -1,15 +1,23 @@
 """The one interface every serving backend implements.
 
-A backend turns (messages, generation parameters) into an async stream of
-`StreamChunk`s. It knows nothing about Chainlit or timing: the `timing` module
-wraps any backend stream and measures it, so the chat UI and the benchmark get
-their numbers from the same code.
+A request has two steps, so that nothing engine-specific sits inside a
+measured time:
+
+1. `prepare(messages, params)` does every lookup, templating and shaping
+   (the served model id, TGI's /chat_tokenize, loading the embedded model)
+   and returns a `PreparedRequest` that says exactly which sampling settings
+   go on the wire and which this engine cannot honour. Not measured.
+2. `stream(request)` sends it and yields `StreamChunk`s. The `timing` module
+   starts its clock on the first iteration, i.e. just before the request
+   leaves, so the chat UI and the benchmark get the same figures.
+
+Backends know nothing about Chainlit or timing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field, fields
+from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 Role = Literal["system", "user", "assistant"]
 
@@ -27,22 +35,119 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """Sampling settings sent with one request."""
+    """Sampling settings for one request, as the settings panel chose them.
+
+    The optional settings are None when the panel left them empty: then they
+    are not sent, and the engine's own default applies (which `chainlit.md`
+    lists per engine). The embedded llama.cpp is the exception: the app calls
+    it directly, so "not sent" means the neutral value (filter off), never
+    the library's own defaults.
+    """
 
     temperature: float = 0.7
     top_p: float = 0.95
     max_new_tokens: int = 256
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0 means greedy decoding on every engine."""
+        return self.temperature <= 0.0
+
+    def chosen(self) -> dict[str, float | int]:
+        """The settings the panel set (optional ones only when given), by their names here."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+# Names a person reads, for notes such as "top-k not supported by this engine: ignored".
+SETTING_LABELS = {
+    "temperature": "temperature",
+    "top_p": "top-p",
+    "max_new_tokens": "max new tokens",
+    "top_k": "top-k",
+    "min_p": "min-p",
+    "repetition_penalty": "repetition penalty",
+    "seed": "seed",
+}
+OPTIONAL_SETTINGS = ("top_k", "min_p", "repetition_penalty", "seed")
+
+
+@dataclass(frozen=True)
+class IgnoredSetting:
+    """A setting the panel chose that this engine cannot honour, and why."""
+
+    setting: str  # a GenerationParams field name
+    reason: str
+
+    def describe(self) -> str:
+        return f"{SETTING_LABELS.get(self.setting, self.setting)} {self.reason}: ignored"
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request ready to send: looked up, templated and shaped before any clock starts.
+
+    `sent` holds the sampling settings exactly as they go on the wire, under
+    the engine's own names (e.g. TGI's `do_sample`, llama.cpp's `temp`), so
+    a reply's details can show what each engine really received. `notes`
+    explain translations a person might not expect ("temperature 0: greedy,
+    sent as do_sample=false"). `body` is the backend's own request.
+    """
+
+    messages: tuple[ChatMessage, ...]
+    params: GenerationParams
+    model: str
+    sent: Mapping[str, Any]
+    ignored: tuple[IgnoredSetting, ...] = ()
+    notes: tuple[str, ...] = ()
+    prepare_s: float = 0.0
+    body: Any = field(default=None, repr=False, compare=False)
+
+
+def ignore_unsupported(params: GenerationParams, supported: Sequence[str], reason: str) -> tuple[IgnoredSetting, ...]:
+    """The optional settings the panel chose that are not in `supported`."""
+    return tuple(
+        IgnoredSetting(name, reason)
+        for name in OPTIONAL_SETTINGS
+        if getattr(params, name) is not None and name not in supported
+    )
 
 
 @dataclass(frozen=True)
 class ServerFigures:
-    """What the server itself reported about a request (vLLM usage, TGI details)."""
+    """What the server itself reported about a request, named by its source.
+
+    Every figure is None when the server did not report it ("not reported"
+    in the UI). Times are in seconds.
+    """
 
     source: str
     output_tokens: int | None = None
     input_tokens: int | None = None
     finish_reason: str | None = None
+    queue_s: float | None = None
+    first_token_s: float | None = None  # the server's own TTFT (from scheduling or arrival; see source)
+    prompt_s: float | None = None  # prompt processing (prefill)
+    decode_s: float | None = None  # first to last output token
+    inference_s: float | None = None  # prefill + decode
+    time_per_output_token_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    output_tokens_per_s: float | None = None  # all output tokens over the server's whole inference time
+    prompt_tokens_per_s: float | None = None
+
+    def merged(self, later: "ServerFigures") -> "ServerFigures":
+        """This report updated with every figure `later` gives (a stream may report in pieces)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for f in fields(later):
+            value = getattr(later, f.name)
+            if value is not None:
+                values[f.name] = value
+        if later.source != self.source and later.source not in self.source:
+            values["source"] = f"{self.source} + {later.source}"
+        return ServerFigures(**values)
 
 
 @dataclass(frozen=True)
@@ -50,13 +155,15 @@ class StreamChunk:
     """A piece of a streamed reply.
 
     `token_count` is the exact number of generated tokens this chunk carries,
-    or None when the protocol does not say (then the measurement marks its
-    token count as estimated). A chunk may carry no text: a status update such
-    as `queue_position`, or the server's closing figures.
+    or None when the protocol does not say (the measurement then marks its
+    count as estimated until the server's own count arrives). A chunk with no
+    text and no tokens is still a server event: the first one is the
+    reply's "first byte" in its timeline. `queue_position` is a local status
+    (the embedded model's queue), not a server event.
     """
 
     text: str = ""
-    token_count: int | None = 0
+    token_count: int | None = None
     finish_reason: str | None = None
     server_figures: ServerFigures | None = None
     queue_position: int | None = None
@@ -86,11 +193,13 @@ class Backend(Protocol):
     label: str
     url: str
 
-    def stream(
-        self, messages: Sequence[ChatMessage], params: GenerationParams
-    ) -> AsyncIterator[StreamChunk]:
-        """Stream the assistant's reply. The request is sent on first iteration;
-        closing the iterator (`aclose()`) ends the request on the server."""
+    async def prepare(self, messages: Sequence[ChatMessage], params: GenerationParams) -> PreparedRequest:
+        """Everything before sending: lookups, templating, the request body. Not measured."""
+        ...
+
+    def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
+        """Send the prepared request and stream the reply. The request leaves on the
+        first iteration; closing the iterator (`aclose()`) ends it on the server."""
         ...
 
     async def health(self) -> None:
@@ -103,6 +212,14 @@ class Backend(Protocol):
 
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
         """Tokens the prompt will take once templated, or None if the backend cannot tell."""
+        ...
+
+    def pending_warm_up(self) -> str | None:
+        """What a first use would still have to load (e.g. a model file), or None when ready."""
+        ...
+
+    async def warm_up(self) -> None:
+        """Load what `pending_warm_up` names, so that no reply pays for it."""
         ...
 
     async def aclose(self) -> None:

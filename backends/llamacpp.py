@@ -10,6 +10,12 @@
   carries exactly one token (its text may be empty while a multi-byte UTF-8
   character is incomplete; an incremental decoder never splits a character).
 - Closing the stream sets a stop flag that the worker checks before each token.
+- Sampling: `Llama.generate` receives the panel's settings and nothing else.
+  llama-cpp-python's own defaults (top-k 40, min-p 0.05) are not applied: a
+  setting left empty is sent as its neutral value (filter off), so "the same
+  settings" sample the same way here as on the other engines.
+- The engine's own figures come from llama.cpp's perf counters (prompt
+  evaluation and decode time), reset before each generation.
 """
 
 from __future__ import annotations
@@ -25,7 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Sequence
 
-from backends.base import BackendInfo, ChatMessage, GenerationParams, StreamChunk
+from backends.base import (
+    BackendInfo,
+    ChatMessage,
+    GenerationParams,
+    PreparedRequest,
+    ServerFigures,
+    StreamChunk,
+)
 from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
 from config import BackendConfig
 
@@ -168,6 +181,24 @@ def _chat_formatter(llama):
 
 
 _DONE = object()
+# llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed", used when the panel sets none, so
+# that one session's seed never carries over to the next request on the shared model.
+RANDOM_SEED = 0xFFFFFFFF
+PERF_SOURCE = "llama.cpp perf counters"
+
+
+def sampling_arguments(params: GenerationParams) -> dict[str, float | int]:
+    """The sampling keywords `Llama.generate` receives: the panel's values, neutral where it set none."""
+    return {
+        "temp": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k is not None else 0,  # 0 = no top-k filter
+        "min_p": params.min_p if params.min_p is not None else 0.0,  # 0 = no min-p filter
+        "typical_p": 1.0,
+        "repeat_penalty": params.repetition_penalty if params.repetition_penalty is not None else 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+    }
 
 
 class LlamaCppBackend:
@@ -212,16 +243,40 @@ class LlamaCppBackend:
         await self.ensure_loaded()
         return len(await asyncio.to_thread(self.model.prompt_tokens, messages))
 
+    def pending_warm_up(self) -> str | None:
+        return None if self.model.llama is not None else self.model.path.name
+
+    async def warm_up(self) -> None:
+        await self.ensure_loaded()
+
     async def aclose(self) -> None:
         """Nothing to release: the model is shared by the whole process."""
 
     # Streaming ----------------------------------------------------------------
 
-    async def stream(
-        self, messages: Sequence[ChatMessage], params: GenerationParams
-    ) -> AsyncIterator[StreamChunk]:
+    async def prepare(self, messages: Sequence[ChatMessage], params: GenerationParams) -> PreparedRequest:
+        """Load the model if needed (never inside a measured time) and fix the sampling arguments.
+
+        Templating and tokenizing the prompt stay inside the measured request,
+        as on every server (they are part of what an engine does per request).
+        """
+        started = time.perf_counter()
         await self.ensure_loaded()
+        arguments = sampling_arguments(params)
+        sent: dict[str, object] = {**arguments, "max_tokens": params.max_new_tokens,
+                                   "seed": params.seed if params.seed is not None else "random"}
+        notes = ["settings left empty are sent as off (top-k 0, min-p 0, repeat penalty 1), "
+                 "not llama-cpp-python's defaults (top-k 40, min-p 0.05)"]
+        if params.greedy:
+            notes.append("temperature 0: greedy decoding (top-p, top-k, min-p and seed have no effect)")
+        return PreparedRequest(
+            messages=tuple(messages), params=params, model=self.model.path.stem, sent=sent,
+            notes=tuple(notes), prepare_s=time.perf_counter() - started, body=arguments,
+        )
+
+    async def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
         model = self.model
+        params = request.params
         ticket = model.enqueue()
         stop = threading.Event()
         worker: asyncio.Future | None = None
@@ -235,7 +290,7 @@ class LlamaCppBackend:
             if model.waiting > 1 or ticket.is_set():
                 yield StreamChunk(queue_position=0)
 
-            prompt = await asyncio.to_thread(model.prompt_tokens, messages)
+            prompt = await asyncio.to_thread(model.prompt_tokens, request.messages)
             room = model.n_ctx - len(prompt)
             if room <= 0:
                 raise InputRejected(
@@ -251,7 +306,8 @@ class LlamaCppBackend:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
             worker = loop.run_in_executor(
-                None, _generate, model.llama, prompt, params, max_tokens, stop, emit, self.label
+                None, _generate, model.llama, prompt, request.body, params.seed, max_tokens, stop, emit,
+                self.label,
             )
             while True:
                 item = await queue.get()
@@ -268,21 +324,18 @@ class LlamaCppBackend:
             model.leave(ticket)
 
 
-def _generate(llama, prompt: list[int], params: GenerationParams, max_tokens: int,
+def _generate(llama, prompt: list[int], sampling: dict, seed: int | None, max_tokens: int,
               stop: threading.Event, emit, label: str) -> None:
-    """Worker thread: sample up to max_tokens, emitting one chunk per token."""
+    """Worker thread: sample up to max_tokens, emitting one chunk per token, then the engine's figures."""
     import llama_cpp
 
     vocab = llama._model.vocab
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     finish_reason = "length"
     produced = 0
-    if params.seed is not None:
-        llama.set_seed(params.seed)
-    tokens = llama.generate(
-        prompt, temp=params.temperature, top_p=params.top_p, top_k=40, min_p=0.05,
-        repeat_penalty=1.0,
-    )
+    llama.set_seed(seed if seed is not None else RANDOM_SEED)
+    llama_cpp.llama_perf_context_reset(llama.ctx)
+    tokens = llama.generate(prompt, **sampling)
     try:
         for token in tokens:
             if stop.is_set():
@@ -298,10 +351,32 @@ def _generate(llama, prompt: list[int], params: GenerationParams, max_tokens: in
             if last:
                 break
         tail = decoder.decode(b"", final=True)
-        emit(StreamChunk(text=tail, token_count=0, finish_reason=finish_reason))
+        emit(StreamChunk(text=tail, token_count=0, finish_reason=finish_reason,
+                         server_figures=perf_figures(llama_cpp.llama_perf_context(llama.ctx), len(prompt))))
     except (RuntimeError, ValueError) as error:  # llama_decode failures surface as RuntimeError
         emit(GenerationFailed(label, str(llama.model_path), f"generation failed: {error}",
                               hint="Try a shorter conversation, or check the model file."))
     finally:
         tokens.close()
         emit(_DONE)
+
+
+def perf_figures(perf, prompt_tokens: int) -> ServerFigures:
+    """llama.cpp's own timing of one generation (`llama_perf_context` after a reset).
+
+    `n_p_eval`/`t_p_eval_ms` cover the prompt tokens actually evaluated (a
+    prefix reused from the previous request is not evaluated again);
+    `n_eval`/`t_eval_ms` the single-token decode steps.
+    """
+    prompt_s = perf.t_p_eval_ms / 1000.0
+    decode_s = perf.t_eval_ms / 1000.0
+    return ServerFigures(
+        source=PERF_SOURCE,
+        input_tokens=prompt_tokens,
+        prompt_s=prompt_s,
+        decode_s=decode_s,
+        inference_s=prompt_s + decode_s,
+        decode_tokens_per_s=perf.n_eval / decode_s if decode_s > 0 and perf.n_eval else None,
+        prompt_tokens_per_s=perf.n_p_eval / prompt_s if prompt_s > 0 and perf.n_p_eval else None,
+        time_per_output_token_s=decode_s / perf.n_eval if perf.n_eval else None,
+    )

@@ -7,17 +7,40 @@ engines) asks only for `include_usage`: chunks carry no counts (the
 measurement marks its count estimated) and the closing usage, where the
 server sends one, becomes the server's figures.
 
+The server's own timings are kept where it sends them: vLLM's per-request
+`metrics` on the closing usage chunk (servers started with
+`--enable-per-request-metrics`, as `scripts/vllm_server.sh` does) and
+llama.cpp server's `timings` on its last chunk.
+
+Sampling: kind "vllm" sends top-k, min-p, repetition penalty and seed
+(vLLM's extensions of the protocol); kind "openai" sends only what the
+OpenAI API defines (temperature, top-p, max tokens, seed) and reports the
+others as ignored. Settings left empty are not sent.
+
+`prepare()` resolves the served model id (cached) and, after the connection
+sat idle long enough for the server to close it, opens a fresh one, so the
+measured request never pays for either.
+
 The parsing of chunks and errors is in small pure functions below, tested on
 chunks recorded from a real vLLM server (tests/test_openai_parsing.py).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import openai
 
-from backends.base import BackendInfo, ChatMessage, GenerationParams, ServerFigures, StreamChunk
+from backends.base import (
+    BackendInfo,
+    ChatMessage,
+    GenerationParams,
+    PreparedRequest,
+    ServerFigures,
+    StreamChunk,
+    ignore_unsupported,
+)
 from backends.errors import (
     BackendError,
     BackendOverloaded,
@@ -32,6 +55,11 @@ VLLM_START_COMMAND = "bash scripts/vllm_server.sh"
 # Sent when no key is configured: the client library insists on one, servers started without
 # --api-key ignore it.
 PLACEHOLDER_API_KEY = "not-needed"
+# Servers close idle keep-alive connections (uvicorn, so vLLM: after 5 s); a connection idle
+# longer than this is reopened in prepare() rather than inside the measured request.
+WARM_AFTER_IDLE_S = 3.0
+# The optional sampling settings each kind can send, by their names in GenerationParams.
+SUPPORTED_SETTINGS = {"vllm": ("top_k", "min_p", "repetition_penalty", "seed"), "openai": ("seed",)}
 
 
 # ---------------------------------------------------------------- pure parsing
@@ -43,27 +71,26 @@ def parse_chunk(
     """Turn one `chat.completion.chunk` (as JSON) into a StreamChunk.
 
     `completion_tokens_so_far` is the cumulative completion-token count seen
-    on earlier chunks. Returns the chunk to pass on (None for chunks that
-    carry nothing: the empty role delta) and the new cumulative count.
+    on earlier chunks. Returns the chunk to pass on (None only for a chunk
+    that carries nothing at all) and the new cumulative count.
 
     - A chunk with `usage` (vLLM `continuous_usage_stats`) holds exactly
       `usage.completion_tokens - completion_tokens_so_far` tokens, even when
       its text is empty (vLLM holds back partial UTF-8 characters) or when
       it carries several tokens at once.
     - A chunk without usage: token_count None (the protocol does not say).
+    - The empty role chunk becomes an empty chunk: it is the server's first
+      byte in the timeline, with no text and no tokens.
     - The closing usage chunk (`choices == []`) carries no text or tokens, only
-      the server's own figures.
+      the server's own figures (and vLLM's per-request `metrics` if enabled).
+    - llama.cpp's server puts its `timings` on its last chunk.
     """
     usage = data.get("usage") or None
     choices = data.get("choices") or []
+    figures = server_figures(data, usage_source)
     if not choices:
-        if usage is None:
+        if figures is None:
             return None, completion_tokens_so_far
-        figures = ServerFigures(
-            source=usage_source,
-            output_tokens=usage.get("completion_tokens"),
-            input_tokens=usage.get("prompt_tokens"),
-        )
         return StreamChunk(text="", token_count=0, server_figures=figures), completion_tokens_so_far
     choice = choices[0]
     delta = choice.get("delta") or {}
@@ -74,10 +101,71 @@ def parse_chunk(
         cumulative = int(usage["completion_tokens"])
         token_count = max(0, cumulative - completion_tokens_so_far)
         completion_tokens_so_far = max(cumulative, completion_tokens_so_far)
-    if not text and not token_count and not finish_reason:
-        return None, completion_tokens_so_far
-    chunk = StreamChunk(text=text, token_count=token_count, finish_reason=finish_reason)
+        figures = None  # continuous usage is a running count, not the server's closing report
+    elif not text:
+        token_count = 0  # a role-only or finish-only chunk carries no token we can see
+    chunk = StreamChunk(text=text, token_count=token_count, finish_reason=finish_reason, server_figures=figures)
     return chunk, completion_tokens_so_far
+
+
+def server_figures(data: Mapping[str, Any], usage_source: str) -> ServerFigures | None:
+    """The server's own report on a chunk: closing usage, vLLM `metrics`, llama.cpp `timings`."""
+    usage = data.get("usage") or None
+    figures: ServerFigures | None = None
+    if usage is not None and not data.get("choices"):
+        figures = ServerFigures(
+            source=usage_source,
+            output_tokens=usage.get("completion_tokens"),
+            input_tokens=usage.get("prompt_tokens"),
+        )
+    metrics = data.get("metrics")
+    if isinstance(metrics, Mapping):
+        reported = vllm_request_metrics(metrics)
+        figures = reported if figures is None else figures.merged(reported)
+    timings = data.get("timings")
+    if isinstance(timings, Mapping):
+        reported = llamacpp_server_timings(timings)
+        figures = reported if figures is None else figures.merged(reported)
+    return figures
+
+
+def _ms(value: Any) -> float | None:
+    return float(value) / 1000.0 if isinstance(value, (int, float)) else None
+
+
+def vllm_request_metrics(metrics: Mapping[str, Any]) -> ServerFigures:
+    """vLLM's per-request `metrics` (`--enable-per-request-metrics`).
+
+    Its `time_to_first_token_ms` counts from when the request was scheduled
+    (queue excluded: `queue_time_ms`); `generation_time_ms` is first to last
+    output token; `mean_itl_ms` = generation time / (tokens - 1);
+    `tokens_per_second` = output tokens over scheduling-to-last-token (prefill
+    included), so it is not a decode rate.
+    """
+    return ServerFigures(
+        source="vLLM per-request metrics",
+        queue_s=_ms(metrics.get("queue_time_ms")),
+        first_token_s=_ms(metrics.get("time_to_first_token_ms")),
+        decode_s=_ms(metrics.get("generation_time_ms")),
+        time_per_output_token_s=_ms(metrics.get("mean_itl_ms")),
+        output_tokens_per_s=metrics.get("tokens_per_second"),
+    )
+
+
+def llamacpp_server_timings(timings: Mapping[str, Any]) -> ServerFigures:
+    """llama.cpp server's `timings` (prompt_n/prompt_ms, predicted_n/predicted_ms, rates)."""
+    prompt_s = _ms(timings.get("prompt_ms"))
+    decode_s = _ms(timings.get("predicted_ms"))
+    return ServerFigures(
+        source="llama.cpp server timings",
+        output_tokens=timings.get("predicted_n"),
+        prompt_s=prompt_s,
+        decode_s=decode_s,
+        inference_s=prompt_s + decode_s if prompt_s is not None and decode_s is not None else None,
+        time_per_output_token_s=_ms(timings.get("predicted_per_token_ms")),
+        decode_tokens_per_s=timings.get("predicted_per_second"),
+        prompt_tokens_per_s=timings.get("prompt_per_second"),
+    )
 
 
 def error_message(body: object, fallback: str = "") -> str:
@@ -122,13 +210,19 @@ class OpenAICompatBackend:
         self.url = config.base_url
         self._config = config
         self._root_url = server_root(config.base_url)
+        # One client per backend, kept for the life of the process: its connection pool
+        # is warm for every request (a client per request would add its set-up to TTFT).
         self._client = openai.AsyncOpenAI(
             base_url=config.base_url,
             api_key=config.api_key or PLACEHOLDER_API_KEY,
             max_retries=0,
             timeout=openai.Timeout(config.timeout_s, connect=config.connect_timeout_s),
         )
+        # The SDK imports its chat resources on first access (~40 ms): do it now, not inside
+        # the first measured request of the process.
+        self._completions = self._client.chat.completions
         self._served_models: list[dict[str, Any]] | None = None
+        self._last_used_s = float("-inf")
 
     @property
     def is_vllm(self) -> bool:
@@ -140,27 +234,53 @@ class OpenAICompatBackend:
 
     # ------------------------------------------------------------ streaming
 
-    async def stream(
-        self, messages: Sequence[ChatMessage], params: GenerationParams
-    ) -> AsyncIterator[StreamChunk]:
-        """Stream the reply; closing this generator closes the HTTP stream (vLLM then aborts)."""
+    async def prepare(self, messages: Sequence[ChatMessage], params: GenerationParams) -> PreparedRequest:
+        """Resolve the model, warm the connection if it idled, and shape the request (not measured)."""
+        started = time.perf_counter()
         model = await self.model_id()
+        if time.monotonic() - self._last_used_s > WARM_AFTER_IDLE_S:
+            await self.warm_up()
+        supported = SUPPORTED_SETTINGS[self.kind]
         stream_options: dict[str, Any] = {"include_usage": True}
         if self.is_vllm:
             stream_options["continuous_usage_stats"] = True
+        sent: dict[str, Any] = {
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_new_tokens,
+        }
+        extensions: dict[str, Any] = {}
+        for name in ("top_k", "min_p", "repetition_penalty"):
+            if name in supported and getattr(params, name) is not None:
+                sent[name] = extensions[name] = getattr(params, name)
+        if params.seed is not None:
+            sent["seed"] = params.seed
         request: dict[str, Any] = dict(
             model=model,
             messages=[message.as_dict() for message in messages],
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_tokens=params.max_new_tokens,
             stream=True,
             stream_options=stream_options,
+            **sent,
         )
-        if params.seed is not None:
-            request["seed"] = params.seed
+        for name in extensions:
+            request.pop(name)
+        if extensions:
+            request["extra_body"] = extensions
+        reason = "is not part of the OpenAI API (kind openai)" if not self.is_vllm else "is not supported"
+        notes = ["settings left empty are not sent: the server's own defaults apply"]
+        if self.is_vllm:
+            notes.append("vLLM fills unsent settings from the model's generation_config.json (its default)")
+        return PreparedRequest(
+            messages=tuple(messages), params=params, model=model, sent=sent,
+            ignored=ignore_unsupported(params, supported, reason), notes=tuple(notes),
+            prepare_s=time.perf_counter() - started, body=request,
+        )
+
+    async def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
+        """Send the prepared request; closing this generator closes the HTTP stream (vLLM then aborts)."""
+        self._last_used_s = time.monotonic()
         try:
-            response_stream = await self._client.chat.completions.create(**request)
+            response_stream = await self._completions.create(**request.body)
         except openai.APIError as error:
             raise self._translate(error) from error
         completion_tokens_so_far = 0
@@ -174,7 +294,15 @@ class OpenAICompatBackend:
         except openai.APIError as error:
             raise self._translate(error) from error
         finally:
+            self._last_used_s = time.monotonic()
             await response_stream.close()
+
+    def pending_warm_up(self) -> str | None:
+        return None
+
+    async def warm_up(self) -> None:
+        """Open (or refresh) a pooled connection with a cheap request, outside any measurement."""
+        await self.health()
 
     # ------------------------------------------------------------ metadata
 
@@ -225,6 +353,7 @@ class OpenAICompatBackend:
                 await self._client.get("/models", cast_to=object)
         except openai.APIError as error:
             raise self._translate(error) from error
+        self._last_used_s = time.monotonic()  # the pool now holds a fresh connection
 
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
         """vLLM's `/tokenize` with the chat template applied; None where the server has no such route."""

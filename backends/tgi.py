@@ -1,49 +1,58 @@
 """Text Generation Inference (TGI), on either of its two routes.
 
-Written against TGI's own OpenAPI spec. The streaming requests go through
-huggingface_hub's `AsyncInferenceClient` (its SSE parsing and TGI error
-parsing); /info, /health, /chat_tokenize and /tokenize are plain JSON calls
-with httpx.
+Written against TGI's own OpenAPI spec. One pooled `httpx.AsyncClient` per
+backend carries every request (streams, /info, /health, /chat_tokenize), so
+a measured request never pays for building a client or opening a
+connection: a kept connection is reused, and one that idled long enough for
+the server to drop it is reopened in `prepare()`, before the clock starts.
+Server-sent events are read with `httpx-sse`; each event is parsed into
+huggingface_hub's typed TGI outputs (`TextGenerationStreamOutput`,
+`ChatCompletionStreamOutput`) and turned into chunks by pure functions.
+Closing the stream (the user's Stop) closes its HTTP response, so TGI
+cancels the generation.
 
 - route "messages" (default): `POST /v1/chat/completions` with
   `stream_options.include_usage`; TGI applies the model's chat template.
   A LoRA adapter is selected by sending its id as `model` ("tgi" = none).
+  Chunks carry no token counts of their own: the closing usage is the final,
+  exact count (until it arrives the count is marked estimated).
 - route "generate": TGI's native `POST /generate_stream` with `details`.
   The prompt is the server's own templating of the conversation
-  (`/chat_tokenize` -> `templated_text`), or a Jinja chat template from
-  configuration rendered here. A LoRA adapter goes in `parameters.adapter_id`.
-
-Token counts are exact: TGI sends one event per generated token (the final
-end-of-sequence token included, with `special: true`; its text is not shown).
-The server's own figures (`details` or `usage`) ride on the last chunk.
+  (`/chat_tokenize` -> `templated_text`, looked up in `prepare()`, never
+  inside the measured time), or a Jinja chat template from configuration
+  rendered here. A LoRA adapter goes in `parameters.adapter_id`. One event
+  = one token (the end-of-sequence token included, with `special: true`;
+  its text is not shown).
 
 TGI answers a streaming request with 200 and reports later problems as an
 event `{"error", "error_type"}`; a proxy or an older server may answer with
-the HTTP status instead. Both become the same typed errors.
+the HTTP status instead. Both become the same typed errors. TGI reports its
+timing headers (x-queue-time, x-inference-time, x-time-per-token) only on
+non-streaming responses; they are read whenever a response carries them.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import httpx
-import httpx2
-from huggingface_hub import AsyncInferenceClient
-from huggingface_hub.errors import (
-    GenerationError,
-    HfHubHTTPError,
-    IncompleteGenerationError,
-    InferenceTimeoutError,
-    OfflineModeIsEnabled,
-    OverloadedError,
-    TextGenerationError,
-    ValidationError,
-)
+from httpx_sse import EventSource, SSEError
+from huggingface_hub import ChatCompletionStreamOutput, TextGenerationStreamOutput
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from backends.base import BackendInfo, ChatMessage, GenerationParams, ServerFigures, StreamChunk
+from backends.base import (
+    BackendInfo,
+    ChatMessage,
+    GenerationParams,
+    PreparedRequest,
+    ServerFigures,
+    StreamChunk,
+    ignore_unsupported,
+)
 from backends.errors import (
     BackendError,
     BackendOverloaded,
@@ -56,10 +65,140 @@ from backends.errors import (
 from config import BackendConfig
 
 ROUTES = ("messages", "generate")
+ROUTE_PATHS = {"messages": "/v1/chat/completions", "generate": "/generate_stream"}
 NO_ADAPTER_MODEL = "tgi"  # the Messages API's `model` meaning "the base model, no LoRA adapter"
 # TGI's vocabularies: native `details.finish_reason`, and the OpenAI-style one the UI shows.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length", "stop": "stop"}
 SERVER_TEXT_LIMIT = 500  # characters of a server's error body quoted in a message
+WARM_AFTER_IDLE_S = 3.0  # a connection idle longer than this is reopened before the clock starts
+# The optional settings each route can send (GenerationParams names).
+SUPPORTED_SETTINGS = {"messages": ("seed",), "generate": ("top_k", "repetition_penalty", "seed")}
+# TGI's timing headers (milliseconds) -> ServerFigures fields.
+TIMING_HEADERS = {
+    "x-queue-time": "queue_s",
+    "x-inference-time": "inference_s",
+    "x-time-per-token": "time_per_output_token_s",
+}
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def finish_reason_of(reason: str | None) -> str | None:
+    """TGI's finish reason in the OpenAI vocabulary the UI shows."""
+    if not reason:
+        return None
+    return FINISH_REASONS.get(reason, reason)
+
+
+def generate_event_chunk(event: TextGenerationStreamOutput) -> StreamChunk:
+    """One native /generate_stream event: exactly one token (a special token shows no text)."""
+    token = event.token
+    text = "" if token.special else token.text
+    details = event.details
+    if details is None:
+        return StreamChunk(text=text, token_count=1)
+    return StreamChunk(
+        text=text,
+        token_count=1,
+        finish_reason=finish_reason_of(details.finish_reason),
+        server_figures=ServerFigures(
+            source="TGI details",
+            output_tokens=details.generated_tokens,
+            input_tokens=details.input_length,
+            finish_reason=details.finish_reason,
+        ),
+    )
+
+
+def chat_event_chunks(event: ChatCompletionStreamOutput) -> list[StreamChunk]:
+    """One Messages API chunk. Its choices carry text but no token count (counted by the
+    closing usage); a role-only or finish-only chunk is an empty server event."""
+    chunks = [
+        StreamChunk(
+            text=choice.delta.content or "",
+            token_count=None if choice.delta.content else 0,
+            finish_reason=finish_reason_of(choice.finish_reason),
+        )
+        for choice in event.choices
+    ]
+    if event.usage is not None:
+        chunks.append(StreamChunk(
+            token_count=0,
+            server_figures=ServerFigures(
+                source="TGI usage",
+                output_tokens=event.usage.completion_tokens,
+                input_tokens=event.usage.prompt_tokens,
+            ),
+        ))
+    return chunks
+
+
+def header_figures(headers: Mapping[str, str]) -> ServerFigures | None:
+    """TGI's timing headers (milliseconds), where a response carries them."""
+    values: dict[str, float] = {}
+    for header, field_name in TIMING_HEADERS.items():
+        raw = headers.get(header)
+        try:
+            values[field_name] = float(raw) / 1000.0
+        except (TypeError, ValueError):
+            continue
+    if not values:
+        return None
+    return ServerFigures(source="TGI timing headers", **values)
+
+
+def top_p_to_send(top_p: float) -> float | None:
+    """TGI accepts top_p only strictly between 0 and 1; 1.0 means "no nucleus filter", so omit it."""
+    return top_p if 0.0 < top_p < 1.0 else None
+
+
+def native_parameters(params: GenerationParams, adapter_id: str | None) -> tuple[dict[str, Any], list[str]]:
+    """GenerateParameters for /generate_stream (only what the panel set) and notes on translations."""
+    notes: list[str] = []
+    parameters: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "details": True}
+    if params.greedy:
+        # TGI refuses temperature 0 here; greedy decoding is do_sample=false with no warpers
+        # (a top-k, top-p or seed would switch sampling back on).
+        parameters["do_sample"] = False
+        notes.append("temperature 0: greedy, sent as do_sample=false (TGI refuses temperature 0 on this route)")
+    else:
+        parameters["do_sample"] = True
+        parameters["temperature"] = params.temperature
+        top_p = top_p_to_send(params.top_p)
+        if top_p is not None:
+            parameters["top_p"] = top_p
+        elif params.top_p >= 1.0:
+            notes.append("top-p 1.0 (no filter) is not sent: TGI refuses 1.0")
+        if params.top_k is not None:
+            parameters["top_k"] = params.top_k
+        if params.seed is not None:
+            parameters["seed"] = params.seed
+    if params.repetition_penalty is not None:
+        parameters["repetition_penalty"] = params.repetition_penalty
+    if adapter_id:
+        parameters["adapter_id"] = adapter_id
+    return parameters, notes
+
+
+def messages_fields(params: GenerationParams) -> tuple[dict[str, Any], list[str]]:
+    """ChatRequest sampling fields for the Messages API (only what the panel set) and notes."""
+    notes: list[str] = []
+    fields: dict[str, Any] = {"max_tokens": params.max_new_tokens, "temperature": params.temperature}
+    if params.greedy:
+        notes.append("temperature 0: TGI decodes greedily (top-p and seed are not sent)")
+    else:
+        top_p = top_p_to_send(params.top_p)
+        if top_p is not None:
+            fields["top_p"] = top_p
+        elif params.top_p >= 1.0:
+            notes.append("top-p 1.0 (no filter) is not sent: TGI refuses 1.0")
+        if params.seed is not None:
+            fields["seed"] = params.seed
+    return fields, notes
+
+
+# ---------------------------------------------------------------- backend
 
 
 class TGIBackend:
@@ -80,119 +219,111 @@ class TGIBackend:
         self.url = config.base_url.rstrip("/")
         self.route = config.tgi_route
         self.adapter_id = config.tgi_adapter_id or None
-        self._timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
-        # huggingface_hub would otherwise send a locally stored Hugging Face token
-        # to whatever server is configured; only the configured key is sent.
-        self._auth_headers = {"authorization": f"Bearer {config.api_key}" if config.api_key else None}
+        # Only the configured key is ever sent (never a locally stored Hugging Face token).
+        headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        # Kept for the life of the process and shared by all sessions: warm, pooled connections.
         self._http = httpx.AsyncClient(
             base_url=self.url,
-            timeout=self._timeout,
-            headers={k: v for k, v in self._auth_headers.items() if v is not None},
+            timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
+            headers=headers,
         )
         self._template = _compile_template(config) if config.tgi_chat_template else None
+        self._last_used_s = float("-inf")
 
     # ------------------------------------------------------------ streaming
 
-    async def stream(self, messages: Sequence[ChatMessage], params: GenerationParams) -> AsyncIterator[StreamChunk]:
-        """Stream the reply on the configured route; the HTTP stream is closed when this ends or is closed."""
-        chunks = self._stream_messages(messages, params) if self.route == "messages" else \
-            self._stream_generate(messages, params)
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()
-
-    async def _stream_messages(self, messages: Sequence[ChatMessage], params: GenerationParams) -> AsyncIterator[StreamChunk]:
-        # One client per request: it owns the HTTP stream, so closing it ends the request.
-        client = self._inference_client(self.url)
-        finish_reason: str | None = None
-        try:
-            events = await client.chat_completion(
-                [message.as_dict() for message in messages],
-                model=self.adapter_id or NO_ADAPTER_MODEL,
-                stream=True,
-                stream_options={"include_usage": True},
-                max_tokens=params.max_new_tokens,
-                temperature=params.temperature,  # TGI maps 0 to greedy decoding
-                # ...but still samples when top_p < 1 is sent, so greedy sends none.
-                top_p=_top_p(params.top_p) if params.temperature > 0 else None,
-                seed=params.seed,
-            )
-            async for event in events:
-                for choice in event.choices:
-                    # One chunk = one generated token (a special token has empty content).
-                    if choice.finish_reason:
-                        finish_reason = choice.finish_reason
-                    yield StreamChunk(
-                        text=choice.delta.content or "",
-                        token_count=1,
-                        finish_reason=_finish_reason(choice.finish_reason),
-                    )
-                if event.usage is not None:
-                    yield StreamChunk(
-                        token_count=0,
-                        finish_reason=_finish_reason(finish_reason),
-                        server_figures=ServerFigures(
-                            source="TGI usage",
-                            output_tokens=event.usage.completion_tokens,
-                            input_tokens=event.usage.prompt_tokens,
-                            finish_reason=finish_reason,
-                        ),
-                    )
-        except (TextGenerationError, HfHubHTTPError, httpx2.HTTPError, OfflineModeIsEnabled) as error:
-            raise self.translate_error(error, "/v1/chat/completions") from error
-        finally:
-            await client.close()
-
-    async def _stream_generate(self, messages: Sequence[ChatMessage], params: GenerationParams) -> AsyncIterator[StreamChunk]:
-        prompt = await self.build_prompt(messages)
-        # Given a URL as its model, the client posts to exactly that URL.
-        client = self._inference_client(f"{self.url}/generate_stream")
-        sample = params.temperature > 0
-        try:
-            events = await client.text_generation(
-                prompt,
-                stream=True,
-                details=True,
-                max_new_tokens=params.max_new_tokens,
-                # TGI refuses temperature 0 here; greedy decoding is do_sample=false.
-                do_sample=sample,
-                temperature=params.temperature if sample else None,
-                top_p=_top_p(params.top_p) if sample else None,
-                seed=params.seed if sample else None,
-                adapter_id=self.adapter_id,
-            )
-            async for event in events:
-                token = event.token
-                text = "" if token.special else token.text
-                details = event.details
-                if details is None:
-                    yield StreamChunk(text=text, token_count=1)
-                    continue
-                yield StreamChunk(
-                    text=text,
-                    token_count=1,
-                    finish_reason=_finish_reason(details.finish_reason),
-                    server_figures=ServerFigures(
-                        source="TGI details",
-                        output_tokens=details.generated_tokens,
-                        input_tokens=details.input_length,
-                        finish_reason=details.finish_reason,
-                    ),
-                )
-        except (TextGenerationError, HfHubHTTPError, httpx2.HTTPError, OfflineModeIsEnabled) as error:
-            raise self.translate_error(error, "/generate_stream") from error
-        finally:
-            await client.close()
-
-    def _inference_client(self, model_url: str) -> AsyncInferenceClient:
-        return AsyncInferenceClient(
-            model=model_url,
-            # Passed through to the transport as is: a read timeout between chunks, and a connect timeout.
-            timeout=httpx2.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s),
-            headers=dict(self._auth_headers),
+    async def prepare(self, messages: Sequence[ChatMessage], params: GenerationParams) -> PreparedRequest:
+        """Template (native route), warm the connection if it idled, shape the body. Not measured."""
+        started = time.perf_counter()
+        notes: list[str] = []
+        if self.route == "generate":
+            prompt = await self.build_prompt(messages)
+            parameters, notes = native_parameters(params, self.adapter_id)
+            body: dict[str, Any] = {"inputs": prompt, "parameters": parameters}
+            sent = {k: v for k, v in parameters.items() if k not in ("details", "adapter_id")}
+            reason = "is not supported by TGI"
+            if self._template is None:
+                notes.append("prompt templated by the server's /chat_tokenize before the clock started")
+        else:
+            fields, notes = messages_fields(params)
+            body = {
+                "model": self.adapter_id or NO_ADAPTER_MODEL,
+                "messages": [message.as_dict() for message in messages],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **fields,
+            }
+            sent = dict(fields)
+            reason = "is not supported by TGI's Messages API (TGI_ROUTE=generate sends top-k and repetition penalty)"
+        if time.monotonic() - self._last_used_s > WARM_AFTER_IDLE_S:
+            await self.warm_up()
+        notes.append("settings left empty are not sent: TGI's own defaults apply")
+        return PreparedRequest(
+            messages=tuple(messages), params=params, model=self.adapter_id or NO_ADAPTER_MODEL, sent=sent,
+            ignored=ignore_unsupported(params, SUPPORTED_SETTINGS[self.route], reason),
+            notes=tuple(notes), prepare_s=time.perf_counter() - started, body=body,
         )
+
+    async def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
+        """Send the prepared request on the kept client; the HTTP stream is closed when this ends or is closed."""
+        path = ROUTE_PATHS[self.route]
+        self._last_used_s = time.monotonic()
+        try:
+            async with self._http.stream("POST", path, json=request.body,
+                                         headers={"accept": "text/event-stream"}) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    self._raise_for_status(response, path)
+                figures = header_figures(response.headers)
+                async for event in EventSource(response).aiter_sse():
+                    # Read on past [DONE] to the end of the body: a response read to its end
+                    # hands its connection back to the pool; one left unread would be closed.
+                    if event.data.strip() == "[DONE]":
+                        continue
+                    for chunk in self._event_chunks(event.data, path):
+                        yield chunk
+                if figures is not None:
+                    yield StreamChunk(token_count=0, server_figures=figures)
+        except SSEError as error:
+            raise GenerationFailed(
+                self.label, self.url, f"{path} did not answer with an event stream ({error}).",
+                hint=f"Check that {self.config.env_prefix}BASE_URL points at TGI.",
+            ) from None
+        except httpx.HTTPError as error:
+            raise self.translate_error(error, path) from error
+        finally:
+            self._last_used_s = time.monotonic()
+
+    def _event_chunks(self, data: str, path: str) -> list[StreamChunk]:
+        """One SSE event's chunks; an error event raises the typed error."""
+        try:
+            payload = json.loads(data)
+        except json.JSONDecodeError:
+            raise GenerationFailed(
+                self.label, self.url, f"{path} sent an event that is not JSON: {data[:SERVER_TEXT_LIMIT]!r}",
+                hint="Check that the URL points at TGI.",
+            ) from None
+        if not isinstance(payload, dict):
+            raise GenerationFailed(self.label, self.url, f"{path} sent an unexpected event: {data[:SERVER_TEXT_LIMIT]!r}")
+        if payload.get("error"):
+            raise self.event_error(payload, path)
+        try:
+            if self.route == "generate":
+                return [generate_event_chunk(TextGenerationStreamOutput.parse_obj_as_instance(payload))]
+            return chat_event_chunks(ChatCompletionStreamOutput.parse_obj_as_instance(payload))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise GenerationFailed(
+                self.label, self.url,
+                f"{path} sent an event outside TGI's schema ({error}): {data[:SERVER_TEXT_LIMIT]!r}",
+                hint="Check that the URL points at TGI.",
+            ) from None
+
+    def pending_warm_up(self) -> str | None:
+        return None
+
+    async def warm_up(self) -> None:
+        """Open (or refresh) a pooled connection with a cheap request, outside any measurement."""
+        await self.health()
 
     # ------------------------------------------------------------ prompt
 
@@ -292,56 +423,40 @@ class TGIBackend:
         error_type = payload.get("error_type") if isinstance(payload, dict) else None
         raise self._from_status(response.status_code, error_type, _server_text(response), path)
 
-    def translate_error(self, error: Exception, path: str) -> BackendError:
-        """One typed error, naming this backend and its URL, for anything the transport or TGI reports."""
-        if isinstance(error, OfflineModeIsEnabled):
+    def event_error(self, payload: Mapping[str, Any], path: str) -> BackendError:
+        """An error event inside a stream: TGI's `{"error", "error_type"}`, or an
+        OpenAI-style `{"error": {"message", "http_status_code"}}` from a proxy."""
+        error = payload.get("error")
+        if isinstance(error, Mapping):
+            status = error.get("http_status_code")
+            return self._from_status(status if isinstance(status, int) else 424, None,
+                                     str(error.get("message", error)), path)
+        return self._from_status(424, payload.get("error_type"), str(error), path)
+
+    def translate_error(self, error: httpx.HTTPError, path: str) -> BackendError:
+        """One typed error, naming this backend and its URL, for a transport failure."""
+        if isinstance(error, httpx.ConnectTimeout):
             return BackendUnavailable(
-                self.label, self.url, "HF_HUB_OFFLINE is set in the app's environment, and huggingface_hub "
-                "(the TGI client) then refuses every request, even to a local server.",
-                hint="Unset HF_HUB_OFFLINE for the chat app; the app never downloads from a model hub anyway.",
+                self.label, self.url, f"no answer to the connection within {self.config.connect_timeout_s:g} s.",
+                hint=self._start_hint(),
             )
-        if isinstance(error, ValidationError):
-            return self._from_status(422, "validation", str(error), path)
-        if isinstance(error, OverloadedError):
-            return self._from_status(429, "overloaded", str(error), path)
-        if isinstance(error, IncompleteGenerationError):
-            return self._from_status(500, "incomplete_generation", str(error), path)
-        if isinstance(error, GenerationError):
-            return self._from_status(424, "generation", str(error), path)
-        if isinstance(error, TextGenerationError):
-            # An error event of a type huggingface_hub does not know (an OpenAI-style
-            # {"error": {"message", "http_status_code"}} arrives here as a dict).
-            detail = error.args[0] if error.args else ""
-            if isinstance(detail, dict):
-                status = int(detail.get("http_status_code") or 424)
-                return self._from_status(status, None, str(detail.get("message", detail)), path)
-            return self._from_status(424, None, str(detail), path)
-        if isinstance(error, HfHubHTTPError):
-            response = error.response
-            payload = _json_or_none(response)
-            error_type = payload.get("error_type") if isinstance(payload, dict) else None
-            return self._from_status(response.status_code, error_type, _server_text(response) or str(error), path)
-        if isinstance(error, (InferenceTimeoutError, httpx.TimeoutException, httpx2.TimeoutException)):
-            # huggingface_hub wraps the transport's timeout; the cause says which phase timed out.
-            cause = error.__cause__ if isinstance(error, InferenceTimeoutError) else error
-            if isinstance(cause, (httpx.ConnectTimeout, httpx2.ConnectTimeout)):
-                return BackendUnavailable(
-                    self.label, self.url, f"no answer to the connection within {self.config.connect_timeout_s:g} s.",
-                    hint=self._start_hint(),
-                )
+        if isinstance(error, httpx.TimeoutException):
             return BackendTimeout(
                 self.label, self.url, f"no reply from {path} within {self.config.timeout_s:g} s.",
                 hint=f"The server may be overloaded; try again, or raise {self.config.env_prefix}TIMEOUT_S.",
             )
-        if isinstance(error, (httpx.ConnectError, httpx2.ConnectError)):
+        if isinstance(error, httpx.ConnectError):
             return BackendUnavailable(self.label, self.url, "the server is not reachable (connection refused).",
                                       hint=self._start_hint())
-        if isinstance(error, (httpx.HTTPError, httpx2.HTTPError)):
-            return BackendUnavailable(
-                self.label, self.url, f"the connection failed during {path}: {error or type(error).__name__}.",
-                hint="Check that the server is running and the URL points at TGI.",
+        if isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError)):
+            return GenerationFailed(
+                self.label, self.url, f"the connection was lost during {path} ({error or type(error).__name__}).",
+                hint="The server may have restarted or crashed; send again once it is back.",
             )
-        raise TypeError(f"not a transport or TGI error: {error!r}")
+        return BackendUnavailable(
+            self.label, self.url, f"the connection failed during {path}: {error or type(error).__name__}.",
+            hint="Check that the server is running and the URL points at TGI.",
+        )
 
     def _from_status(self, status: int, error_type: str | None, server_text: str, path: str) -> BackendError:
         said = f" TGI said: {server_text[:SERVER_TEXT_LIMIT]}" if server_text else ""
@@ -392,21 +507,18 @@ class TGIBackend:
                 f"to where it runs (now {self.url}).")
 
 
-def _top_p(top_p: float) -> float | None:
-    """TGI accepts top_p only strictly between 0 and 1; 1.0 means "no nucleus filter", so omit it."""
-    return top_p if 0.0 < top_p < 1.0 else None
-
-
-def _finish_reason(reason: str | None) -> str | None:
-    if not reason:
-        return None
-    return FINISH_REASONS.get(reason, reason)
-
-
 def _json_or_none(response: Any) -> Any:
+    """The response body as JSON; an error body framed as one SSE event (`data:{...}`), as
+    TGI sends on a streaming route, is unwrapped first."""
     try:
-        return response.json()
-    except (ValueError, httpx.ResponseNotRead, httpx2.ResponseNotRead):
+        body = response.text.strip()
+    except httpx.ResponseNotRead:
+        return None
+    if body.startswith("data:"):
+        body = body[len("data:"):].strip()
+    try:
+        return json.loads(body)
+    except ValueError:
         return None
 
 
@@ -421,7 +533,7 @@ def _server_text(response: Any) -> str:
             return str(error)
     try:
         return response.text.strip()
-    except (httpx.ResponseNotRead, httpx2.ResponseNotRead):
+    except httpx.ResponseNotRead:
         return ""
 
 

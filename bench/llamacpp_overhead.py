@@ -4,7 +4,7 @@ Both paths use the same loaded `Llama` object, the same prompt and the same
 number of new tokens, greedy (temperature 0, fixed seed), interleaved run by
 run (the order alternates, so drift in machine load hits both alike):
 
-- app path: `LlamaCppBackend.stream()` measured by `timing.measure` (TimedStream), exactly
+- app path: `LlamaCppBackend.prepare()` + `stream()` measured by `timing.measure`, exactly
   what the chat UI consumes (worker thread, asyncio queue, per-token chunks);
 - bare loop: `Llama.create_chat_completion(stream=True)` iterated directly.
 
@@ -61,7 +61,7 @@ def embedded_config() -> BackendConfig:
 
 async def app_path_run(backend: LlamaCppBackend, messages: list[ChatMessage], params: GenerationParams) -> Run:
     backend.model.llama.reset()
-    text, record = await measure(backend.stream(messages, params), backend=backend.label, model="bench")
+    text, record = await measure(backend, messages, params)
     return Run("app", record.first_token_s, record.decode_tokens_per_s, record.output_tokens, text)
 
 

@@ -43,8 +43,7 @@ async def one_level(registry: Registry, name: str, concurrency: int, requests: i
         async with gate:
             messages = [ChatMessage("user", f"{PROMPT} (request {index})")]
             try:
-                _, record = await measure(backend.stream(messages, params), backend=backend.label,
-                                          model=info.model_id)
+                _, record = await measure(backend, messages, params)
             except BackendError as error:  # recorded, not raised: one failure must not hide the rest
                 errors.append(error.describe())
                 return None

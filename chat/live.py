@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from backends.base import PreparedRequest, ServerFigures
 from backends.errors import BackendError
 from timing import LiveFigures, RequestRecord, TimedStream
+
+if TYPE_CHECKING:
+    from chat.flow import ReplyPlan
 
 TEXT_INTERVAL_S = 0.04
 METRICS_INTERVAL_S = 0.1
@@ -34,8 +38,28 @@ class MetricsSink(Protocol):
     async def update(self) -> None: ...
 
 
-def live_props(figures: LiveFigures, *, backend: str, model: str, lang: str) -> dict:
-    """Props for public/elements/Metrics.jsx while streaming."""
+def _ms(seconds: float | None, digits: int = 1) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, digits)
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def ignored_lines(request: PreparedRequest | None) -> list[str]:
+    """'top-k is not supported by ...: ignored', one per setting the engine cannot honour."""
+    return [] if request is None else [ignored.describe() for ignored in request.ignored]
+
+
+def initial_props(plan: "ReplyPlan", lang: str) -> dict:
+    """Props before the request leaves: who answers, and what they will ignore (shown at once)."""
+    return {"state": "starting", "lang": lang, "backend": plan.backend.label, "model": plan.model,
+            "ignored": ignored_lines(plan.request)}
+
+
+def live_props(figures: LiveFigures, *, backend: str, model: str, lang: str,
+               ignored: list[str] | None = None) -> dict:
+    """Props for public/elements/Metrics.jsx while streaming (small: sent ~10 times a second)."""
     return {
         "state": "queued" if figures.queue_position else "streaming",
         "lang": lang,
@@ -43,15 +67,62 @@ def live_props(figures: LiveFigures, *, backend: str, model: str, lang: str) -> 
         "model": model,
         "queuePosition": figures.queue_position,
         "elapsedMs": round(figures.elapsed_s * 1000),
-        "ttftMs": None if figures.first_token_s is None else round(figures.first_token_s * 1000, 1),
+        "ttftMs": _ms(figures.first_token_s),
         "tokens": figures.output_tokens,
-        "tokensPerS": None if figures.decode_tokens_per_s is None else round(figures.decode_tokens_per_s, 1),
+        "tokensPerS": _round(figures.decode_tokens_per_s),
         "tokensExact": figures.tokens_exact,
+        "ignored": ignored or [],
     }
 
 
-def final_props(record: RequestRecord, *, lang: str) -> dict:
-    """Props for the frozen figures once the reply has ended."""
+def server_props(server: ServerFigures | None) -> dict | None:
+    """The server's own figures, in the UI's units (None = not reported)."""
+    if server is None:
+        return None
+    return {
+        "source": server.source,
+        "outputTokens": server.output_tokens,
+        "inputTokens": server.input_tokens,
+        "queueMs": _ms(server.queue_s),
+        "firstTokenMs": _ms(server.first_token_s),
+        "promptMs": _ms(server.prompt_s),
+        "decodeMs": _ms(server.decode_s),
+        "inferenceMs": _ms(server.inference_s),
+        "tpotMs": _ms(server.time_per_output_token_s, 2),
+        "decodeTokensPerS": _round(server.decode_tokens_per_s),
+        "outputTokensPerS": _round(server.output_tokens_per_s),
+        "promptTokensPerS": _round(server.prompt_tokens_per_s),
+    }
+
+
+def timeline_props(record: RequestRecord, request: PreparedRequest | None) -> dict:
+    """The reply's timeline for the expandable details: drawn once, after the reply ends."""
+    itl = record.itl
+    return {
+        "prepareMs": _ms(request.prepare_s) if request else None,
+        "firstByteMs": _ms(record.first_byte_s),
+        "firstTokenMs": _ms(record.first_token_s),
+        "lastChunkMs": _ms(record.last_chunk_s),
+        "totalMs": _ms(record.total_s),
+        "chunkTimesMs": [round(t * 1000.0, 2) for t in record.chunk_times_s],
+        "chunkTokens": list(record.chunk_tokens),
+        "itl": None if itl is None else {
+            "count": itl.count,
+            "medianMs": round(itl.median_ms, 2),
+            "p90Ms": round(itl.p90_ms, 2),
+            "p99Ms": round(itl.p99_ms, 2),
+            "maxMs": round(itl.max_ms, 2),
+            "stallAfterTokens": itl.longest_stall_after_tokens,
+            "stallEndedMs": _ms(itl.longest_stall_ended_s),
+        },
+        "server": server_props(record.server),
+        "sent": dict(request.sent) if request else {},
+        "notes": list(request.notes) if request else [],
+    }
+
+
+def final_props(record: RequestRecord, *, lang: str, request: PreparedRequest | None = None) -> dict:
+    """Props for the frozen figures once the reply has ended, with its timeline."""
     return {
         "state": record.status,
         "lang": lang,
@@ -59,15 +130,17 @@ def final_props(record: RequestRecord, *, lang: str) -> dict:
         "model": record.model,
         "queuePosition": None,
         "elapsedMs": round(record.total_s * 1000),
-        "ttftMs": None if record.first_token_s is None else round(record.first_token_s * 1000, 1),
+        "ttftMs": _ms(record.first_token_s),
         "tokens": record.output_tokens,
-        "tokensPerS": None if record.decode_tokens_per_s is None else round(record.decode_tokens_per_s, 1),
-        "msPerToken": None if record.ms_per_output_token is None else round(record.ms_per_output_token, 2),
+        "tokensPerS": _round(record.decode_tokens_per_s),
+        "msPerToken": _round(record.ms_per_output_token, 2),
         "finishReason": record.finish_reason,
         "tokensExact": record.tokens_exact,
         "tokenSource": record.token_source,
         "serverTokens": record.server_output_tokens,
         "disagreement": record.count_disagreement,
+        "ignored": ignored_lines(request),
+        "timeline": timeline_props(record, request),
     }
 
 
@@ -90,6 +163,7 @@ class LiveReply:
         metrics: MetricsSink,
         *,
         lang: str = "en",
+        request: PreparedRequest | None = None,
         text_interval_s: float = TEXT_INTERVAL_S,
         metrics_interval_s: float = METRICS_INTERVAL_S,
     ) -> None:
@@ -97,6 +171,7 @@ class LiveReply:
         self.message = message
         self.metrics = metrics
         self.lang = lang
+        self.request = request
         self.text_interval_s = text_interval_s
         self.metrics_interval_s = metrics_interval_s
         self._pending: list[str] = []
@@ -120,7 +195,7 @@ class LiveReply:
             await self.timed.aclose()
         await self._flush_text()
         record = self.timed.finish(status, error=error.describe() if error else None)
-        self.metrics.props = final_props(record, lang=self.lang)
+        self.metrics.props = final_props(record, lang=self.lang, request=self.request)
         await self.metrics.update()
         return ReplyOutcome("".join(self._shown), record, error)
 
@@ -139,7 +214,8 @@ class LiveReply:
             now = loop.time()
             if now >= next_metrics:
                 self.metrics.props = live_props(
-                    self.timed.live(), backend=self.timed.backend, model=self.timed.model, lang=self.lang
+                    self.timed.live(), backend=self.timed.backend, model=self.timed.model, lang=self.lang,
+                    ignored=ignored_lines(self.request),
                 )
                 await self.metrics.update()
                 next_metrics = now + self.metrics_interval_s

@@ -1,62 +1,30 @@
-"""What a chat session does, behind the thin handlers in app.py.
+"""The Chainlit side of a chat session, behind the one-line handlers in app.py.
 
-One `AppState` per process (backends, defaults, presets); per session the
-settings, the conversation and a pending message to retry live in
-`cl.user_session`.
+Everything that decides something lives in `chat.flow` (Chainlit-free); this
+module reads and writes `cl.user_session`, sends messages and elements, and
+renders the flow's notices. Per session: the settings, the conversation and
+a pending message to retry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import time
-from dataclasses import dataclass, field, replace
 
 import chainlit as cl
 
 from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
-from backends.registry import BackendStatus, Registry
-from chat.history import fit_to_context
+from backends.registry import BackendStatus
+from chat.flow import AppState, Refusal, plan_reply
 from chat.i18n import language_of, text
-from chat.live import LiveReply
-from chat.settings import SessionSettings, load_presets, settings_widgets
-from config import ChatDefaults, backend_names, load_env
-from timing import TimedStream
+from chat.live import LiveReply, initial_props
+from chat.settings import SessionSettings, SettingsRejected, settings_widgets
+from timing import FINAL_STATES
 
-INFO_CACHE_S = 30.0
-STATUS_TIMEOUT_S = 4.0
-
-
-@dataclass
-class AppState:
-    """Shared by every session in this process."""
-
-    registry: Registry
-    defaults: ChatDefaults
-    presets: dict[str, str]
-    _info: dict[str, tuple[float, BackendStatus]] = field(default_factory=dict)
-
-    @classmethod
-    def from_env(cls) -> "AppState":
-        load_env()
-        env = dict(os.environ)
-        return cls(
-            registry=Registry.from_env(env),
-            defaults=ChatDefaults.from_env(env, backend_names(env)),
-            presets=load_presets(),
-        )
-
-    async def status(self, name: str, fresh: bool = False) -> BackendStatus:
-        """Health + info of one backend, cached briefly so a classroom does not hammer servers."""
-        cached = self._info.get(name)
-        if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_S and cached[1].available:
-            return cached[1]
-        status = await self.registry.status(name, STATUS_TIMEOUT_S)
-        self._info[name] = (time.monotonic(), status)
-        return status
+APP_AUTHOR = "Serving Lab"
 
 
 class MetricsElement(cl.CustomElement):
@@ -68,7 +36,7 @@ class MetricsElement(cl.CustomElement):
     """
 
     async def update(self) -> None:
-        final = self.props.get("state") in ("completed", "stopped", "error")
+        final = self.props.get("state") in FINAL_STATES
         self.updatable = final
         if final:
             self.content = json.dumps(self.props)
@@ -97,6 +65,12 @@ def _history() -> list[ChatMessage]:
     return cl.user_session.get("history")
 
 
+async def _say(content: str, **kwargs) -> cl.Message:
+    message = cl.Message(content=content, author=APP_AUTHOR, **kwargs)
+    await message.send()
+    return message
+
+
 def _labels(statuses: dict[str, BackendStatus] | None, lang: str) -> dict[str, str]:
     labels = {}
     for backend in app_state().registry:
@@ -121,8 +95,8 @@ async def start() -> None:
     cl.user_session.set("history", [])
     cl.user_session.set("pending", None)
     await _send_settings()
-    await _load_default_model(lang)
-    statuses = {s.name: s for s in await asyncio.gather(*(state.status(n) for n in state.registry.names))}
+    await _warm_up_backends(lang)
+    statuses = await state.statuses()
     await _send_settings(statuses)
     lines = [text("status_title", lang)]
     for status in statuses.values():
@@ -133,25 +107,24 @@ async def start() -> None:
             lines.append(f"- ✅ **{status.label}** (`{status.name}`, {status.url}): {detail}")
         else:
             lines.append(f"- ❌ **{status.label}** (`{status.name}`): {text('status_down', lang, reason=status.reason)}")
-    await cl.Message(content="\n".join(lines), author="Serving Lab").send()
+    await _say("\n".join(lines))
 
 
-async def _load_default_model(lang: str) -> None:
-    """Show the shared llama.cpp model loading (once per process; later sessions see it ready)."""
-    from backends.llamacpp import LlamaCppBackend
-
+async def _warm_up_backends(lang: str) -> None:
+    """Load what a backend still needs (the shared embedded model: once per process), visibly."""
     for backend in app_state().registry:
-        if isinstance(backend, LlamaCppBackend) and backend.model.llama is None:
-            name = backend.model.path.name
-            note = cl.Message(content=text("loading_model", lang, name=name), author="Serving Lab")
-            await note.send()
-            try:
-                await backend.ensure_loaded()
-            except BackendError as error:
-                note.content = f"❌ {error.describe()}"
-            else:
-                note.content = text("loaded_model", lang, name=name, seconds=backend.model.status().load_s or 0)
-            await note.update()
+        pending = backend.pending_warm_up()
+        if pending is None:
+            continue
+        note = await _say(text("loading_model", lang, name=pending))
+        started = time.perf_counter()
+        try:
+            await backend.warm_up()
+        except BackendError as error:
+            note.content = f"❌ {error.describe()}"
+        else:
+            note.content = text("loaded_model", lang, name=pending, seconds=time.perf_counter() - started)
+        await note.update()
 
 
 async def update_settings(values: dict) -> None:
@@ -159,58 +132,42 @@ async def update_settings(values: dict) -> None:
     try:
         settings = SessionSettings.from_form(values, state.defaults, state.registry.names, state.presets)
     except UnknownBackend as error:
-        await cl.Message(content=f"⚠️ {error}", author="Serving Lab").send()
+        await _say(f"⚠️ {error}")
+        return
+    except SettingsRejected as error:
+        problems = "\n".join(f"- {problem}" for problem in error.problems)
+        await _say(text("settings_rejected", lang, problems=problems))
         return
     cl.user_session.set("settings", settings)
     system = settings.system_custom.strip() and text("custom", lang) or settings.system_preset
-    label = state.registry.get(settings.backend).label
-    await cl.Message(
-        content=text("settings_applied", lang, backend=label, temperature=settings.temperature,
-                     top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, system=system),
-        author="Serving Lab",
-    ).send()
+    optional = ", ".join(f"{name.replace('_', '-')} {value}" for name, value in
+                         (("top_k", settings.top_k), ("min_p", settings.min_p),
+                          ("repetition_penalty", settings.repetition_penalty), ("seed", settings.seed))
+                         if value is not None) or text("none_set", lang)
+    await _say(text("settings_applied", lang, backend=state.registry.get(settings.backend).label,
+                    temperature=settings.temperature, top_p=settings.top_p,
+                    max_new_tokens=settings.max_new_tokens, optional=optional, system=system))
 
 
 async def reply(user_text: str) -> None:
     """Answer one user message with the session's current backend and settings."""
-    state, lang, settings = app_state(), _lang(), _settings()
-    backend = state.registry.get(settings.backend)
-    history = _history()
-    turns = [*history, ChatMessage("user", user_text)]
-    system_prompt = settings.system_prompt(state.presets)
-    system = ChatMessage("system", system_prompt) if system_prompt else None
-    try:
-        status = await state.status(settings.backend)
-        if not status.available:
-            status = await state.status(settings.backend, fresh=True)
-        if not status.available:
-            await _show_error(status.label, status.reason or "", user_text, lang)
-            return
-        context = status.info.context_length if status.info else None
-        fitted = await fit_to_context(system, turns, backend.count_prompt_tokens, context,
-                                      settings.max_new_tokens)
-    except BackendError as error:
-        await _show_error(backend.label, error.describe(), user_text, lang)
+    state, lang, history = app_state(), _lang(), _history()
+    plan = await plan_reply(state, _settings(), history, user_text)
+    if isinstance(plan, Refusal):
+        await _show_error(plan.label, plan.reason, user_text, lang)
         return
-    if fitted.dropped_messages:
-        await cl.Message(content=text("trimmed", lang, dropped=fitted.dropped_messages,
-                                      backend=backend.label, context=context), author="Serving Lab").send()
-    if fitted.max_new_tokens < settings.max_new_tokens:
-        await cl.Message(content=text("capped", lang, tokens=fitted.max_new_tokens, backend=backend.label),
-                         author="Serving Lab").send()
+    for notice in plan.notices:
+        await _say(notice.render(lang))
 
-    model = status.info.model_id if status.info else backend.name
-    params = replace(settings.params(), max_new_tokens=fitted.max_new_tokens)
+    backend = plan.backend
     message = cl.Message(content="", author=_author(backend.label, backend.name))
-    metrics = MetricsElement(name="Metrics", props={"state": "starting", "lang": lang,
-                                                   "backend": backend.label, "model": model},
-                             display="inline")
+    metrics = MetricsElement(name="Metrics", props=initial_props(plan, lang), display="inline")
     message.elements = [metrics]
     await message.send()
-    timed = TimedStream(backend.stream(fitted.messages, params), backend=backend.label, model=model)
-    outcome = await LiveReply(timed, message, metrics, lang=lang).run()
+    outcome = await LiveReply(plan.open_stream(), message, metrics, lang=lang, request=plan.request).run()
 
-    message.metadata = outcome.record.as_dict()
+    message.metadata = {"record": outcome.record.as_dict(include_timeline=True),
+                        "sent": dict(plan.request.sent)}
     await message.update()
     if outcome.error is not None:
         await _show_error(backend.label, outcome.error.describe(), user_text, lang)
@@ -229,18 +186,15 @@ def _author(label: str, name: str) -> str:
 async def _show_error(label: str, reason: str, user_text: str, lang: str) -> None:
     cl.user_session.set("pending", user_text)
     retry = cl.Action(name="retry", payload={}, label=text("retry", lang), icon="rotate-ccw")
-    await cl.Message(
-        content=f"{text('error_title', lang, backend=label)}\n\n{reason}\n\n{text('error_keep', lang)}",
-        author="Serving Lab",
-        actions=[retry],
-    ).send()
+    await _say(f"{text('error_title', lang, backend=label)}\n\n{reason}\n\n{text('error_keep', lang)}",
+               actions=[retry])
 
 
 async def retry() -> None:
     """Resend the message that failed, to the backend now selected. Stop works here too."""
     pending = cl.user_session.get("pending")
     if not pending:
-        await cl.Message(content=text("retry_gone", _lang()), author="Serving Lab").send()
+        await _say(text("retry_gone", _lang()))
         return
     session = cl.context.session
     session.current_task = asyncio.current_task()

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from backends.base import GenerationParams
+from backends.base import SETTING_LABELS, GenerationParams
 from backends.errors import UnknownBackend
 from chat.i18n import text
-from config import Bound, ChatDefaults
+from config import Bound, ChatDefaults, OptionalBound
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 NO_SYSTEM_PROMPT = "none"
+MAX_SYSTEM_PROMPT_CHARS = 20_000
 
 
 def load_presets(directory: Path = PROMPTS_DIR) -> dict[str, str]:
@@ -26,6 +28,14 @@ def load_presets(directory: Path = PROMPTS_DIR) -> dict[str, str]:
     return presets
 
 
+class SettingsRejected(ValueError):
+    """The panel (or something posing as it) sent values that cannot be used; nothing was applied."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     """What the settings panel chose for this session."""
@@ -36,13 +46,18 @@ class SessionSettings:
     max_new_tokens: int
     system_preset: str
     system_custom: str = ""
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
 
     def system_prompt(self, presets: Mapping[str, str]) -> str:
         return self.system_custom.strip() or presets.get(self.system_preset, "")
 
     def params(self) -> GenerationParams:
         return GenerationParams(
-            temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens
+            temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+            top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
         )
 
     @classmethod
@@ -54,6 +69,10 @@ class SessionSettings:
             top_p=defaults.top_p.default,
             max_new_tokens=int(defaults.max_new_tokens.default),
             system_preset=preset,
+            top_k=defaults.top_k.default,
+            min_p=defaults.min_p.default,
+            repetition_penalty=defaults.repetition_penalty.default,
+            seed=defaults.seed.default,
         )
 
     @classmethod
@@ -61,29 +80,80 @@ class SessionSettings:
         cls, values: Mapping[str, object], defaults: ChatDefaults, backends: list[str],
         presets: Mapping[str, str],
     ) -> "SessionSettings":
-        """Validate what the panel sent; numbers are clamped to their bounds."""
+        """Validate what the panel sent. Anything out of bounds is refused, not clamped:
+        the panel cannot send it, so it was typed wrong or forged, and the person is told."""
         backend = str(values.get("backend", defaults.backend))
         if backend not in backends:
             raise UnknownBackend(backend, backends)
+        problems: list[str] = []
         preset = str(values.get("system_preset") or NO_SYSTEM_PROMPT)
         if preset not in presets:
-            preset = NO_SYSTEM_PROMPT
-        return cls(
+            problems.append(f"system prompt preset {preset!r} does not exist (choose one of: {', '.join(presets)})")
+        custom = values.get("system_custom") or ""
+        if not isinstance(custom, str):
+            problems.append("the custom system prompt must be text")
+            custom = ""
+        elif len(custom) > MAX_SYSTEM_PROMPT_CHARS:
+            problems.append(f"the custom system prompt is {len(custom):,} characters; "
+                            f"the limit is {MAX_SYSTEM_PROMPT_CHARS:,}")
+        settings = dict(
             backend=backend,
-            temperature=_clamp(values.get("temperature"), defaults.temperature),
-            top_p=_clamp(values.get("top_p"), defaults.top_p),
-            max_new_tokens=int(_clamp(values.get("max_new_tokens"), defaults.max_new_tokens)),
+            temperature=_required(values, "temperature", defaults.temperature, problems),
+            top_p=_required(values, "top_p", defaults.top_p, problems),
+            max_new_tokens=int(_required(values, "max_new_tokens", defaults.max_new_tokens, problems)),
             system_preset=preset,
-            system_custom=str(values.get("system_custom") or ""),
+            system_custom=custom,
+            top_k=_optional(values, "top_k", defaults.top_k, problems),
+            min_p=_optional(values, "min_p", defaults.min_p, problems),
+            repetition_penalty=_optional(values, "repetition_penalty", defaults.repetition_penalty, problems),
+            seed=_optional(values, "seed", defaults.seed, problems),
         )
+        if problems:
+            raise SettingsRejected(problems)
+        return cls(**settings)
 
 
-def _clamp(value: object, bound: Bound) -> float:
+def _number(raw: object) -> float | None:
+    """A finite number from a widget value (a number, or text typed into a field), else None."""
+    if isinstance(raw, bool):
+        return None
     try:
-        number = float(value)  # type: ignore[arg-type]
+        value = float(str(raw).strip()) if isinstance(raw, str) else float(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _required(values: Mapping[str, object], name: str, bound: Bound, problems: list[str]) -> float:
+    raw = values.get(name)
+    if raw is None:
         return bound.default
-    return min(max(number, bound.minimum), bound.maximum)
+    value = _number(raw)
+    if value is None or not bound.minimum <= value <= bound.maximum:
+        problems.append(f"{SETTING_LABELS[name]} {str(raw)[:40]!r} must be a number in "
+                        f"{bound.minimum:g}..{bound.maximum:g}")
+        return bound.default
+    return value
+
+
+def _optional(values: Mapping[str, object], name: str, bound: OptionalBound, problems: list[str]):
+    raw = values.get(name)
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    value = _number(raw)
+    whole = value is not None and value == int(value)
+    if value is None or not bound.minimum <= value <= bound.maximum or (bound.integer and not whole):
+        kind = "a whole number" if bound.integer else "a number"
+        problems.append(f"{SETTING_LABELS[name]} {str(raw)[:40]!r} must be {kind} in "
+                        f"{bound.minimum:g}..{bound.maximum:g}, or empty (not sent)")
+        return None
+    return int(value) if bound.integer else value
+
+
+def _shown(value: float | None) -> str:
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def settings_widgets(
@@ -100,6 +170,13 @@ def settings_widgets(
         return Slider(id=widget_id, label=text(widget_id, lang), initial=value,
                       min=bound.minimum, max=bound.maximum, step=bound.step)
 
+    def optional(widget_id: str, bound: OptionalBound, value: float | None) -> TextInput:
+        return TextInput(
+            id=widget_id, label=text(widget_id, lang), initial=_shown(value),
+            placeholder=text("optional_placeholder", lang),
+            description=text("optional_help", lang, minimum=f"{bound.minimum:g}", maximum=f"{bound.maximum:g}"),
+        )
+
     return [
         Select(
             id="backend", label=text("backend", lang), description=text("backend_help", lang),
@@ -109,6 +186,10 @@ def settings_widgets(
         slider("temperature", defaults.temperature, current.temperature),
         slider("top_p", defaults.top_p, current.top_p),
         slider("max_new_tokens", defaults.max_new_tokens, current.max_new_tokens),
+        optional("top_k", defaults.top_k, current.top_k),
+        optional("min_p", defaults.min_p, current.min_p),
+        optional("repetition_penalty", defaults.repetition_penalty, current.repetition_penalty),
+        optional("seed", defaults.seed, current.seed),
         Select(
             id="system_preset", label=text("system_preset", lang),
             description=text("system_preset_help", lang),

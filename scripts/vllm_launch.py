@@ -68,6 +68,15 @@ def has_gpu() -> bool:
     return result.returncode == 0 and "GPU" in result.stdout
 
 
+def supports_per_request_metrics(python: str | os.PathLike | None = None) -> bool:
+    """Whether the installed vLLM knows `--enable-per-request-metrics` (its own timing of each
+    request on the closing usage chunk). Read from its source, without importing vLLM (slow)."""
+    python = Path(python or vllm_python())
+    for cli_args in python.parent.parent.glob("lib/python3*/site-packages/vllm/entrypoints/launchers/cli_args.py"):
+        return "enable_per_request_metrics" in cli_args.read_text(errors="replace")
+    return False
+
+
 def server_command(
     *,
     model: str | os.PathLike,
@@ -98,6 +107,9 @@ def server_command(
         max_model_len = max_model_len or CPU_MAX_MODEL_LEN
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
+    if supports_per_request_metrics(python):
+        # The server's own TTFT, queue and decode time per reply, shown beside the app's.
+        command += ["--enable-per-request-metrics"]
     return command + list(extra_args)
 
 

@@ -103,6 +103,21 @@ def tgi_server() -> TGITestServer:
         process.stop()
 
 
+def start_paced_tgi_server(rate_tokens_per_s: float, tokens: int, first_token_s: float = 0.0,
+                           *, name: str = "tgi-paced-server") -> TGITestServer:
+    """The TGI-protocol server with its paced engine (no model): known send times, starts in ~1 s."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = ServerProcess(name, [
+        PYTHON, "-m", "tests.tgi_protocol_server", "--host", "127.0.0.1", "--port", str(port),
+        "--paced-rate", str(rate_tokens_per_s), "--paced-tokens", str(tokens),
+        "--paced-first-token-s", str(first_token_s),
+        "--max-input-tokens", str(TGI_MAX_INPUT_TOKENS), "--max-total-tokens", str(TGI_MAX_TOTAL_TOKENS),
+    ])
+    process.start_serving(f"{url}/health", TGI_START_TIMEOUT_S)
+    return TGITestServer(url, process, model_id="paced-test-model")
+
+
 @pytest.fixture
 async def tgi_backend_factory(tgi_server: TGITestServer):
     """Build TGIBackends on the test server: `make(route="messages"|"generate", **BackendConfig fields)`."""

@@ -8,7 +8,8 @@ needs to know exactly what was sent and when:
   not drift however late one chunk was). The reply is ` w1 w2 ... w(n-1)`
   followed by a marker word unique to the request (`pacedend<number>x<hex>`),
   so a browser can tell exactly when the last token is on screen. With
-  `stream_options.include_usage` the closing chunk carries `usage`.
+  `stream_options.include_usage` the closing chunk carries `usage`; with
+  vLLM's `continuous_usage_stats` every chunk carries the running usage.
 - `/v1/models` and `/health` answer like a real engine does.
 - Test-only routes under `/test/`: `GET /test/requests` lists every chat
   request with its marker, its last user message, the wall-clock time
@@ -65,6 +66,8 @@ class RequestLog:
     tokens_sent: int = 0
     completed: bool = False
     closed_by_client: bool = False
+    client_port: int | None = None
+    sampling: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -137,13 +140,28 @@ def create_app(pace: Pace) -> Starlette:
             received_at_s=time.time(),
             last_user_text=next((str(m.get("content") or "") for m in reversed(messages)
                                  if m.get("role") == "user"), ""),
+            client_port=request.client.port if request.client else None,
+            sampling={key: body[key] for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                                 "seed", "max_tokens") if key in body},
         )
         state.requests.append(log)
         tokens = reply_tokens(planned, log.marker)
         request_id = f"chatcmpl-paced-{number}"
         created = int(log.received_at_s)
         prompt_tokens = _prompt_tokens(messages)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        stream_options = body.get("stream_options") or {}
+        include_usage = bool(stream_options.get("include_usage"))
+        continuous_usage = include_usage and bool(stream_options.get("continuous_usage_stats"))
+
+        def usage(completion_tokens: int) -> dict:
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens}
+
+        def chunk(delta: dict, sent: int, finish: str | None = None) -> dict:
+            data = _chunk(request_id, created, delta, finish)
+            if continuous_usage:
+                data["usage"] = usage(sent)
+            return data
 
         if not body.get("stream"):
             await asyncio.sleep(current.first_token_s + (planned - 1) / current.rate_tokens_per_s)
@@ -160,7 +178,7 @@ def create_app(pace: Pace) -> Starlette:
         async def events() -> AsyncIterator[bytes]:
             loop = asyncio.get_running_loop()
             try:
-                yield _sse(_chunk(request_id, created, {"role": "assistant", "content": ""}))
+                yield _sse(chunk({"role": "assistant", "content": ""}, 0))
                 start = loop.time() + current.first_token_s
                 interval_s = 1.0 / current.rate_tokens_per_s
                 for index, token in enumerate(tokens):
@@ -174,14 +192,12 @@ def create_app(pace: Pace) -> Starlette:
                     if index == len(tokens) - 1:
                         log.last_token_sent_at_s = now_s
                     log.tokens_sent = index + 1
-                    yield _sse(_chunk(request_id, created, {"content": token}))
-                yield _sse(_chunk(request_id, created, {}, finish_reason))
+                    yield _sse(chunk({"content": token}, index + 1))
+                yield _sse(chunk({}, planned, finish_reason))
                 if include_usage:
                     yield _sse({
                         "id": request_id, "object": "chat.completion.chunk", "created": created,
-                        "model": MODEL_ID, "choices": [],
-                        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": planned,
-                                  "total_tokens": prompt_tokens + planned},
+                        "model": MODEL_ID, "choices": [], "usage": usage(planned),
                     })
                 yield _sse("[DONE]")
                 log.completed = True

@@ -375,3 +375,116 @@ def test_tgi_error_inside_the_stream_reaches_the_user_clearly(page: Page, tgi_ap
     send(page, "Tell me about lakes.")  # the session goes on
     following = new_reply_id(page, reply)
     assert watch_reply(page, following)[-1]["state"] == "completed"
+
+
+# ---------------------------------------------------------------- the reply's timeline
+
+
+def record_frames(page: Page) -> list[dict]:
+    """Every Chainlit step the server sends over the websocket (new_message / update_message)."""
+    import json
+
+    steps: list[dict] = []
+
+    def on_frame(payload) -> None:
+        text = payload if isinstance(payload, str) else payload.decode("utf-8", "replace")
+        if not text.startswith("42"):
+            return
+        try:
+            event, data = json.loads(text[2:])[:2]
+        except (ValueError, TypeError):
+            return
+        if event in ("new_message", "update_message") and isinstance(data, dict):
+            steps.append(data)
+
+    page.on("websocket", lambda ws: ws.on("framereceived", on_frame))
+    return steps
+
+
+def stored_record(steps: list[dict], step_id: str) -> dict:
+    """The reply's record as the server stored it on the message (its metadata)."""
+    for step in reversed(steps):
+        if f"step-{step.get('id')}" == step_id and (step.get("metadata") or {}).get("record"):
+            return step["metadata"]["record"]
+    raise AssertionError(f"no stored record for {step_id}")
+
+
+def shown_ms(page: Page, step_id: str, testid: str) -> float:
+    cell = page.locator(f'#{step_id} [data-testid="{testid}"] .font-mono').first
+    return duration_ms(cell.inner_text().split(" · ")[0])
+
+
+def test_finished_reply_opens_its_timeline_with_the_gap_chart_and_the_stored_figures(
+    page: Page, lab_app: AppServer, paced_server: PacedServer
+):
+    paced_server.set_pace(rate_tokens_per_s=50, tokens=40, first_token_s=0.05)
+    steps = record_frames(page)
+    open_chat(page, lab_app)
+    switch_backend(page, f"{PACED_LABEL} (paced)", PACED_LABEL)
+    send(page, "Show me your timeline.")
+    step_id = new_reply_id(page, None)
+    final = watch_reply(page, step_id)[-1]
+    assert final["state"] == "completed", final
+
+    toggle = page.locator(f'#{step_id} [data-testid="metrics-timeline-toggle"]')
+    expect(page.locator(f'#{step_id} [data-testid="metrics-timeline"]')).to_have_count(0)
+    toggle.click()
+    timeline = page.locator(f'#{step_id} [data-testid="metrics-timeline"]')
+    expect(timeline).to_be_visible()
+    chart = timeline.locator('[data-testid="metrics-gap-chart"]')
+    expect(chart).to_be_visible()
+    expect(chart.locator("rect")).to_have_count(39)  # one bar per gap between 40 token chunks
+
+    record = stored_record(steps, step_id)
+    itl = record["itl"]
+    assert itl["count"] == 39
+    # What the element shows is the stored record's figures (display rounds to 1 ms or 0.1 ms).
+    for testid, key in (("itl-median", "median_ms"), ("itl-p90", "p90_ms"), ("itl-p99", "p99_ms"),
+                        ("itl-max", "max_ms")):
+        assert shown_ms(page, step_id, testid) == pytest.approx(itl[key], abs=0.51), testid
+    first_token = timeline.locator('[data-testid="timeline-first-token"] .font-mono').inner_text()
+    assert duration_ms(first_token) == pytest.approx(record["first_token_s"] * 1000, abs=0.51)
+    first_byte = timeline.locator('[data-testid="timeline-first-byte"] .font-mono').inner_text()
+    assert duration_ms(first_byte) == pytest.approx(record["first_byte_s"] * 1000, abs=0.51)
+    # The record's percentiles are those of its own per-chunk times, and its median the server's pace.
+    gaps_ms = [1000 * (b - a) for a, b in zip(record["chunk_times_s"], record["chunk_times_s"][1:])]
+    import numpy
+
+    assert itl["p90_ms"] == pytest.approx(numpy.percentile(gaps_ms, 90))
+    assert itl["median_ms"] == pytest.approx(20.0, rel=0.25)
+    # The server's own count sits beside ours, named by its source.
+    expect(timeline.locator('[data-testid="metrics-server"]')).to_contain_text(f"{PACED_LABEL} usage")
+    expect(timeline.locator('[data-testid="metrics-sent"]')).to_contain_text("temperature=0")
+
+
+def test_a_setting_the_engine_cannot_honour_is_noted_next_to_the_reply(
+    page: Page, lab_app: AppServer, paced_server: PacedServer
+):
+    paced_server.set_pace(rate_tokens_per_s=100, tokens=10)
+    open_chat(page, lab_app)
+    page.locator("#chat-settings-open-modal").click()
+    page.locator("#backend").click()
+    page.get_by_role("option", name=f"{PACED_LABEL} (paced)").click()
+    page.locator("#top_k").fill("20")
+    page.locator("#seed").fill("7")
+    page.locator("#confirm").click()
+    expect(page.locator(".step", has_text="optional settings: top-k 20, seed 7").last).to_be_visible()
+    send(page, "Which settings do you honour?")
+    step_id = new_reply_id(page, None)
+    assert watch_reply(page, step_id)[-1]["state"] == "completed"
+    note = page.locator(f'#{step_id} [data-testid="metrics-ignored"]')
+    expect(note).to_have_count(1)
+    expect(note).to_contain_text("top-k is not part of the OpenAI API (kind openai): ignored")
+    # The seed is part of the OpenAI API: it was sent, top-k was not.
+    assert paced_server.requests()[-1]["sampling"]["seed"] == 7
+    assert "top_k" not in paced_server.requests()[-1]["sampling"]
+
+
+def test_out_of_range_settings_are_refused_with_a_clear_message(page: Page, lab_app: AppServer):
+    open_chat(page, lab_app)
+    page.locator("#chat-settings-open-modal").click()
+    page.locator("#top_k").fill("zero")
+    page.locator("#confirm").click()
+    refusal = page.locator(".step", has_text="These settings were not applied")
+    expect(refusal).to_be_visible()
+    expect(refusal).to_contain_text("top-k 'zero' must be a whole number in 1..1000, or empty")

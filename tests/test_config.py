@@ -55,22 +55,65 @@ def test_chat_defaults_and_bounds():
         ChatDefaults.from_env({"DEFAULT_TOP_P": "7"}, ["llama_cpp"])
 
 
-def test_settings_form_is_validated_and_clamped():
+def test_settings_form_is_validated():
     defaults = ChatDefaults(backend="llama_cpp")
     presets = load_presets()
     assert {"helpful", "teacher", "chinese", "none"} <= set(presets)
     settings = SessionSettings.from_form(
-        {"backend": "vllm", "temperature": 9, "top_p": "0.5", "max_new_tokens": 64.0,
-         "system_preset": "teacher", "system_custom": ""},
+        {"backend": "vllm", "temperature": 1.5, "top_p": "0.5", "max_new_tokens": 64.0,
+         "system_preset": "teacher", "system_custom": "", "top_k": "", "min_p": " ", "seed": None},
         defaults, ["llama_cpp", "vllm"], presets)
-    assert settings.temperature == defaults.temperature.maximum
-    assert settings.params().max_new_tokens == 64 and settings.params().top_p == 0.5
+    assert settings.temperature == 1.5
+    params = settings.params()
+    assert params.max_new_tokens == 64 and params.top_p == 0.5
+    # Empty optional settings are not sent: None, not a number.
+    assert (params.top_k, params.min_p, params.repetition_penalty, params.seed) == (None, None, None, None)
     assert settings.system_prompt(presets) == presets["teacher"]
     custom = SessionSettings.from_form({"backend": "vllm", "system_custom": "Be a pirate."},
                                        defaults, ["llama_cpp", "vllm"], presets)
     assert custom.system_prompt(presets) == "Be a pirate."
     with pytest.raises(UnknownBackend, match="Configured backends: llama_cpp, vllm"):
         SessionSettings.from_form({"backend": "tgi"}, defaults, ["llama_cpp", "vllm"], presets)
+
+
+def test_optional_sampling_settings_are_parsed_from_the_text_fields():
+    defaults = ChatDefaults(backend="llama_cpp")
+    settings = SessionSettings.from_form(
+        {"backend": "llama_cpp", "top_k": "40", "min_p": "0.05", "repetition_penalty": "1.1", "seed": "7"},
+        defaults, ["llama_cpp"], load_presets())
+    params = settings.params()
+    assert (params.top_k, params.min_p, params.repetition_penalty, params.seed) == (40, 0.05, 1.1, 7)
+    assert params.chosen() == {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 256, "top_k": 40,
+                               "min_p": 0.05, "repetition_penalty": 1.1, "seed": 7}
+
+
+@pytest.mark.parametrize("form, needle", [
+    ({"temperature": 9}, "temperature '9' must be a number in 0..2"),
+    ({"top_p": "abc"}, "top-p 'abc' must be a number"),
+    ({"max_new_tokens": float("nan")}, "max new tokens"),
+    ({"top_k": "4.5"}, "top-k '4.5' must be a whole number in 1..1000, or empty"),
+    ({"top_k": "0"}, "top-k '0'"),
+    ({"min_p": "2"}, "min-p '2' must be a number in 0..1"),
+    ({"repetition_penalty": "-1"}, "repetition penalty '-1'"),
+    ({"seed": "1e12"}, "seed '1e12' must be a whole number"),
+    ({"system_preset": "../etc/passwd"}, "preset '../etc/passwd' does not exist"),
+    ({"system_custom": "x" * 20_001}, "20,001 characters; the limit is 20,000"),
+    ({"system_custom": ["not", "text"]}, "must be text"),
+])
+def test_values_the_panel_cannot_send_are_refused_with_what_is_wrong(form, needle):
+    from chat.settings import SettingsRejected
+
+    with pytest.raises(SettingsRejected) as raised:
+        SessionSettings.from_form({"backend": "llama_cpp", **form}, ChatDefaults(backend="llama_cpp"),
+                                  ["llama_cpp"], load_presets())
+    assert needle in str(raised.value)
+
+
+def test_optional_defaults_from_env_are_validated():
+    defaults = ChatDefaults.from_env({"DEFAULT_TOP_K": "20", "DEFAULT_SEED": ""}, ["llama_cpp"])
+    assert defaults.top_k.default == 20 and defaults.seed.default is None
+    with pytest.raises(ConfigurationError, match="DEFAULT_MIN_P=3 must be a number in 0..1, or empty"):
+        ChatDefaults.from_env({"DEFAULT_MIN_P": "3"}, ["llama_cpp"])
 
 
 def test_every_variable_is_documented_in_env_example():

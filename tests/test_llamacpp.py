@@ -9,6 +9,7 @@ from backends.base import ChatMessage, GenerationParams
 from backends.errors import BackendUnavailable, InputRejected
 from backends.llamacpp import LlamaCppBackend, bundled_model_path
 from config import BackendConfig
+from tests.streams import prepared_stream
 from timing import TimedStream, measure
 
 pytestmark = pytest.mark.slow
@@ -32,8 +33,7 @@ def test_bundled_model_is_found_through_the_installed_package():
 
 async def test_streams_text_with_exact_token_counts(llama):
     params = GenerationParams(temperature=0.0, max_new_tokens=24, seed=1)
-    text, record = await measure(llama.stream(ask("Count from one to fifty in words."), params),
-                                 backend=llama.label, model="smol")
+    text, record = await measure(llama, ask("Count from one to fifty in words."), params)
     assert text.strip()
     assert record.finish_reason == "length" and record.output_tokens == 24  # exactly max_new_tokens
     assert record.tokens_exact and record.first_token_s > 0 and record.decode_tokens_per_s > 1
@@ -43,7 +43,7 @@ async def test_streams_text_with_exact_token_counts(llama):
 
 async def test_chinese_streams_without_broken_characters(llama):
     chunks = []
-    async for chunk in llama.stream(ask("请用中文介绍一下长城。"), GenerationParams(max_new_tokens=48, seed=3)):
+    async for chunk in prepared_stream(llama, ask("请用中文介绍一下长城。"), GenerationParams(max_new_tokens=48, seed=3)):
         chunks.append(chunk.text)
     text = "".join(chunks)
     assert "\ufffd" not in text
@@ -55,7 +55,7 @@ async def test_chinese_streams_without_broken_characters(llama):
 
 
 async def test_stop_ends_generation_at_the_next_token(llama):
-    timed = TimedStream(llama.stream(ask("Write a long story about a robot."),
+    timed = TimedStream(prepared_stream(llama, ask("Write a long story about a robot."),
                                      GenerationParams(max_new_tokens=400)), backend="l", model="m")
     tokens = 0
     async for chunk in timed:
@@ -66,8 +66,7 @@ async def test_stop_ends_generation_at_the_next_token(llama):
     await timed.aclose()  # what Stop does
     assert time.perf_counter() - started < 1.0
     assert llama.model.waiting == 0  # the model is free for the next request
-    text, record = await measure(llama.stream(ask("Say hi."), GenerationParams(max_new_tokens=4)),
-                                 backend="l", model="m")
+    text, record = await measure(llama, ask("Say hi."), GenerationParams(max_new_tokens=4))
     assert record.output_tokens >= 1
 
 
@@ -77,7 +76,7 @@ async def test_concurrent_requests_are_served_in_order_with_their_place(llama):
     positions: dict[str, list[int]] = {"a": [], "b": [], "c": []}
 
     async def run(name: str):
-        async for chunk in llama.stream(ask(f"Tell me about the letter {name}."), params):
+        async for chunk in prepared_stream(llama, ask(f"Tell me about the letter {name}."), params):
             if chunk.queue_position:
                 positions[name].append(chunk.queue_position)
         finished.append(name)
@@ -104,8 +103,7 @@ async def test_event_loop_stays_responsive_during_generation(llama):
             worst_lag = max(worst_lag, time.perf_counter() - before - 0.01)
 
     beat = asyncio.create_task(heartbeat())
-    await measure(llama.stream(ask("Describe the sea."), GenerationParams(max_new_tokens=48)),
-                  backend="l", model="m")
+    await measure(llama, ask("Describe the sea."), GenerationParams(max_new_tokens=48))
     done.set()
     await beat
     assert worst_lag < 0.1  # generation runs in a worker thread, never on the loop
@@ -114,7 +112,7 @@ async def test_event_loop_stays_responsive_during_generation(llama):
 async def test_prompt_longer_than_the_context_is_rejected_clearly(llama):
     huge = "word " * 3000
     with pytest.raises(InputRejected, match="context holds 2048"):
-        async for _ in llama.stream(ask(huge), GenerationParams(max_new_tokens=8)):
+        async for _ in prepared_stream(llama, ask(huge), GenerationParams(max_new_tokens=8)):
             pass
     assert llama.model.waiting == 0
     assert await llama.count_prompt_tokens(ask(huge)) > 2048
@@ -125,3 +123,64 @@ async def test_a_missing_gguf_is_reported_with_the_variable_to_set():
                                             model_path="/nonexistent/model.gguf"))
     with pytest.raises(BackendUnavailable, match="LLAMA_CPP_MODEL_PATH"):
         await backend.health()
+
+
+@pytest.fixture
+def generate_calls(llama, monkeypatch):
+    """What reaches the real `Llama.generate` (and `set_seed`), recorded, then passed through."""
+    calls: list[dict] = []
+    model = llama.model.llama
+    original_generate, original_set_seed = model.generate, model.set_seed
+
+    def generate(tokens, **kwargs):
+        calls.append(dict(kwargs))
+        return original_generate(tokens, **kwargs)
+
+    def set_seed(seed):
+        calls.append({"set_seed": seed})
+        return original_set_seed(seed)
+
+    monkeypatch.setattr(model, "generate", generate)
+    monkeypatch.setattr(model, "set_seed", set_seed)
+    return calls
+
+
+NEUTRAL = {"typical_p": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
+async def test_only_the_panels_sampling_settings_reach_llama_generate(llama, generate_calls):
+    """llama-cpp-python's own defaults (top-k 40, min-p 0.05) must not sneak in: a setting the
+    panel left empty reaches Llama.generate as its neutral value, one it set as itself."""
+    await measure(llama, ask("Name a colour."), GenerationParams(temperature=0.8, top_p=0.9, max_new_tokens=4))
+    seed_call, generate_call = generate_calls
+    assert seed_call == {"set_seed": 0xFFFFFFFF}  # no seed set: llama.cpp picks a random one
+    assert generate_call == {"temp": 0.8, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0, **NEUTRAL}
+
+    generate_calls.clear()
+    params = GenerationParams(temperature=0.6, top_p=0.8, max_new_tokens=4, top_k=12, min_p=0.1,
+                              repetition_penalty=1.2, seed=42)
+    request = await llama.prepare(ask("Name a colour."), params)
+    assert request.ignored == ()  # the embedded engine honours every setting
+    await measure(llama, ask("Name a colour."), params)
+    assert generate_calls == [{"set_seed": 42},
+                              {"temp": 0.6, "top_p": 0.8, "top_k": 12, "min_p": 0.1, "repeat_penalty": 1.2, **NEUTRAL}]
+    assert request.sent["top_k"] == 12 and request.sent["seed"] == 42
+
+
+async def test_a_seed_makes_the_embedded_reply_repeat(llama):
+    params = GenerationParams(temperature=1.2, top_p=1.0, max_new_tokens=16, seed=77)
+    first, _ = await measure(llama, ask("Invent a word."), params)
+    second, _ = await measure(llama, ask("Invent a word."), params)
+    assert first == second
+
+
+async def test_the_engines_own_timing_rides_beside_ours(llama):
+    _, record = await measure(llama, ask("Describe a forest in two sentences."),
+                              GenerationParams(temperature=0.0, max_new_tokens=24))
+    server = record.server
+    assert server.source == "llama.cpp perf counters"
+    assert server.input_tokens == await llama.count_prompt_tokens(ask("Describe a forest in two sentences."))
+    # The engine's decode time is inside our first-to-last token span (plus worker hand-off).
+    assert 0 < server.decode_s <= record.last_chunk_s - record.first_token_s + 0.05
+    assert server.decode_tokens_per_s and server.decode_tokens_per_s > 0
+    assert server.prompt_s is not None and server.prompt_s <= record.first_token_s

@@ -32,6 +32,7 @@ from backends.errors import (
 )
 from backends.openai_compat import OpenAICompatBackend, error_message, parse_chunk, server_root
 from config import BackendConfig
+from tests.streams import prepared_stream
 from timing import StreamMeter
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -63,10 +64,11 @@ def parse_all(chunks: list[dict]) -> list[StreamChunk]:
 MULTI_TOKEN = recorded_chunks("vllm-0.32-continuous-usage-multi-token.sse")
 
 
-def test_role_delta_is_skipped_and_counts_nothing():
+def test_role_delta_is_an_empty_event_that_counts_nothing():
+    """The role chunk carries no text and no token, but it is the server's first byte."""
     role_delta = MULTI_TOKEN[0]
     assert role_delta["choices"][0]["delta"]["role"] == "assistant"
-    assert parse_chunk(role_delta, 0, usage_source=USAGE_SOURCE) == (None, 0)
+    assert parse_chunk(role_delta, 0, usage_source=USAGE_SOURCE) == (StreamChunk(text="", token_count=0), 0)
 
 
 def test_content_chunk_counts_the_usage_delta():
@@ -101,7 +103,7 @@ def test_final_usage_chunk_becomes_server_figures():
 def test_whole_stream_counts_match_server_usage_exactly():
     parsed = parse_all(MULTI_TOKEN)
     assert "".join(c.text for c in parsed) == "Hello, welcome to my little corner of the world"
-    assert [c.token_count for c in parsed] == [1, 4, 4, 1, 0]
+    assert [c.token_count for c in parsed] == [0, 1, 4, 4, 1, 0]
     meter = StreamMeter(clock=iter(range(100)).__next__)
     for chunk in parsed:
         meter.observe(chunk)
@@ -121,7 +123,7 @@ def test_tokens_inside_a_utf8_character_are_counted_without_text():
 
 def test_include_usage_only_marks_counts_unknown_until_the_server_says():
     parsed = parse_all(recorded_chunks("vllm-0.32-include-usage-only.sse"))
-    assert [c.token_count for c in parsed[:-1]] == [None, None, None, None]
+    assert [c.token_count for c in parsed[:-1]] == [0, None, None, None, None]
     assert parsed[-1].server_figures.output_tokens == 10
     meter = StreamMeter(clock=iter(range(100)).__next__)
     for chunk in parsed:
@@ -203,7 +205,7 @@ async def stream_all(base_url: str, received: list[str] | None = None, **config)
     )
     received = [] if received is None else received
     try:
-        async for chunk in backend.stream([ChatMessage("user", "hi")], GenerationParams(max_new_tokens=10)):
+        async for chunk in prepared_stream(backend, [ChatMessage("user", "hi")], GenerationParams(max_new_tokens=10)):
             received.append(chunk.text)
     finally:
         await backend.aclose()
@@ -216,7 +218,7 @@ async def test_in_band_error_event_raises_generation_failed_after_the_text_so_fa
     async with CannedServer.replying("200 OK", body, "text/event-stream") as base_url:
         with pytest.raises(GenerationFailed) as raised:
             await stream_all(base_url, received)
-    assert received == ["Hello", ", welcome to my", " little corner of the"]
+    assert [text for text in received if text] == ["Hello", ", welcome to my", " little corner of the"]
     assert "Internal server error" in str(raised.value)
     assert base_url in str(raised.value)
 

@@ -19,7 +19,6 @@ from contextlib import suppress
 import huggingface_hub.constants
 import pytest
 from huggingface_hub import AsyncInferenceClient
-from huggingface_hub.errors import HfHubHTTPError, ValidationError
 
 from backends.base import ChatMessage, GenerationParams
 from backends.errors import (
@@ -36,6 +35,7 @@ from backends.tgi import TGIBackend
 from config import BackendConfig
 from tests.fixtures_tgi import TGI_LABEL, TGI_MAX_INPUT_TOKENS, TGI_MAX_TOTAL_TOKENS
 from tests.servers import free_port
+from tests.streams import prepared_stream
 from timing import measure
 
 ROUTES = ["messages", "generate"]
@@ -89,13 +89,16 @@ async def test_streams_real_text_with_exact_token_counts(route, tgi_backend_fact
     backend = tgi_backend_factory(route)
     params = GenerationParams(temperature=0.7, top_p=0.9, max_new_tokens=24, seed=7)
 
-    text, record = await measure(backend.stream(QUESTION, params), backend=backend.name, model="smollm2")
+    text, record = await measure(backend, QUESTION, params)
 
     assert text.strip()
     assert record.tokens_exact and record.count_disagreement is None
     assert record.output_tokens == record.server_output_tokens > 1
-    # One chunk per token, arriving one by one.
-    assert len(record.chunk_gaps_s) == record.output_tokens - 1
+    # One chunk per token, arriving one by one (the Messages API's end token has no text: no chunk).
+    if route == "generate":
+        assert len(record.chunk_gaps_s) == record.output_tokens - 1
+    else:
+        assert record.output_tokens - 2 <= len(record.chunk_gaps_s) <= record.output_tokens - 1
     assert record.finish_reason in ("stop", "length")
     assert record.server_input_tokens == await backend.count_prompt_tokens(QUESTION)
     generation = (await tgi_server.generations())[-1]
@@ -119,17 +122,32 @@ async def test_streams_real_text_with_exact_token_counts(route, tgi_backend_fact
 async def test_reply_that_ends_by_itself_counts_but_hides_the_end_token(route, tgi_backend_factory, tgi_server):
     backend = tgi_backend_factory(route)
     params = GenerationParams(temperature=0.0, max_new_tokens=40)
-    chunks = [chunk async for chunk in backend.stream(SHORT_ANSWER, params)]
+    chunks = [chunk async for chunk in prepared_stream(backend, SHORT_ANSWER, params)]
 
     text = "".join(chunk.text for chunk in chunks)
     assert text == "The capital of France is Paris."
     assert "<|im_end|>" not in text
-    token_chunks = [chunk for chunk in chunks if chunk.token_count]
-    assert token_chunks[-1].text == "" and token_chunks[-1].finish_reason == "stop"
     figures = [chunk.server_figures for chunk in chunks if chunk.server_figures]
-    assert len(figures) == 1 and figures[0].output_tokens == len(token_chunks) < params.max_new_tokens
-    assert figures[0].source == ("TGI usage" if route == "messages" else "TGI details")
-    assert figures[0].finish_reason == ("stop" if route == "messages" else "eos_token")
+    assert len(figures) == 1 and figures[0].source == ("TGI usage" if route == "messages" else "TGI details")
+    finishing = [chunk for chunk in chunks if chunk.finish_reason]
+    assert len(finishing) == 1 and finishing[0].text == "" and finishing[0].finish_reason == "stop"
+    if route == "generate":
+        # One event per token, the end-of-sequence token included (counted, not shown).
+        token_chunks = [chunk for chunk in chunks if chunk.token_count]
+        assert all(chunk.token_count == 1 for chunk in token_chunks)
+        assert token_chunks[-1] is finishing[0]
+        assert figures[0].output_tokens == len(token_chunks) < params.max_new_tokens
+        assert figures[0].finish_reason == "eos_token"
+    else:
+        # The Messages API's chunks carry no counts: text chunks are estimates, empty ones count
+        # nothing, and the closing usage is the exact count (the end token is one of them).
+        assert all(chunk.token_count is None for chunk in chunks if chunk.text)
+        assert all(chunk.token_count == 0 for chunk in chunks if not chunk.text)
+        visible = [chunk for chunk in chunks if chunk.text]
+        assert figures[0].output_tokens == len(visible) + 1 < params.max_new_tokens
+    _, record = await measure(backend, SHORT_ANSWER, params)
+    assert record.tokens_exact and record.count_disagreement is None
+    assert record.output_tokens == figures[0].output_tokens
 
 
 async def test_both_routes_give_the_same_greedy_reply(tgi_backend_factory, tgi_server):
@@ -138,7 +156,7 @@ async def test_both_routes_give_the_same_greedy_reply(tgi_backend_factory, tgi_s
     replies = []
     for route in ROUTES:
         backend = tgi_backend_factory(route)
-        text, record = await measure(backend.stream(QUESTION, params), backend=backend.name, model="smollm2")
+        text, record = await measure(backend, QUESTION, params)
         replies.append((text, record.output_tokens))
     assert replies[0] == replies[1] and replies[0][0].strip()
     native = (await last_body(tgi_server, "/generate_stream"))["parameters"]
@@ -157,7 +175,7 @@ async def test_generate_route_with_a_configured_chat_template(template_source, t
         template = str(path)
     backend = tgi_backend_factory("generate", tgi_chat_template=template)
 
-    text, record = await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+    text, record = await measure(backend, QUESTION, SHORT)
 
     assert text.strip() and record.tokens_exact and record.count_disagreement is None
     body = await last_body(tgi_server, "/generate_stream")
@@ -198,7 +216,7 @@ async def test_unhealthy_server_is_unavailable(tgi_backend_factory, tgi_server):
 async def test_input_longer_than_the_server_allows_is_rejected(route, tgi_backend_factory, tgi_server):
     backend = tgi_backend_factory(route)
     with pytest.raises(InputRejected) as caught:
-        await measure(backend.stream(TOO_LONG, SHORT), backend=backend.name, model="smollm2")
+        await measure(backend, TOO_LONG, SHORT)
     assert_names_backend(caught.value, tgi_server, f"must have less than {TGI_MAX_INPUT_TOKENS} tokens",
                          "Shorten the conversation")
 
@@ -208,7 +226,7 @@ async def test_max_new_tokens_past_the_total_is_rejected(route, tgi_backend_fact
     backend = tgi_backend_factory(route)
     params = GenerationParams(temperature=0.0, max_new_tokens=TGI_MAX_TOTAL_TOKENS)
     with pytest.raises(InputRejected) as caught:
-        await measure(backend.stream(QUESTION, params), backend=backend.name, model="smollm2")
+        await measure(backend, QUESTION, params)
     assert_names_backend(caught.value, tgi_server, f"`max_new_tokens` must be <= {TGI_MAX_TOTAL_TOKENS}",
                          "lower max new tokens")
 
@@ -221,8 +239,8 @@ async def in_flight_is(tgi_server, count: int) -> bool:
 async def test_overloaded_server_gives_backend_overloaded(route, tgi_backend_factory, tgi_server):
     """Two requests hold the server's two slots (one generating, one queued); a third is refused."""
     backend = tgi_backend_factory(route)
-    generating = backend.stream(LONG_REPLY, LONG)
-    queued = backend.stream(LONG_REPLY, LONG)
+    generating = prepared_stream(backend, LONG_REPLY, LONG)
+    queued = prepared_stream(backend, LONG_REPLY, LONG)
     waiting = None
     try:
         await anext(generating)
@@ -230,18 +248,8 @@ async def test_overloaded_server_gives_backend_overloaded(route, tgi_backend_fac
         await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 2), what="two requests in flight")
 
         with pytest.raises(BackendOverloaded) as caught:
-            await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+            await measure(backend, QUESTION, SHORT)
         assert_names_backend(caught.value, tgi_server, "Model is overloaded", "Wait a moment")
-
-        # A non-streaming request gets TGI's HTTP 429, which maps the same way.
-        client = AsyncInferenceClient(base_url=tgi_server.url)
-        try:
-            with pytest.raises(HfHubHTTPError) as http_error:
-                await client.chat_completion([m.as_dict() for m in QUESTION], max_tokens=4)
-        finally:
-            await client.close()
-        assert http_error.value.response.status_code == 429
-        assert isinstance(backend.translate_error(http_error.value, "/v1/chat/completions"), BackendOverloaded)
     finally:
         if waiting is not None:
             waiting.cancel()
@@ -263,33 +271,33 @@ async def test_error_event_inside_the_stream_becomes_generation_failed(
     await tgi_server.set_faults(fail_after_tokens=3, error_type=error_type)
     received = []
     with pytest.raises(GenerationFailed) as caught:
-        async for chunk in backend.stream(LONG_REPLY, LONG):
+        async for chunk in prepared_stream(backend, LONG_REPLY, LONG):
             received.append(chunk)
-    assert sum(chunk.token_count for chunk in received) == 3
+    # Three token events arrived before the error (the Messages API's chunks carry text, not counts).
+    assert len([chunk for chunk in received if chunk.text or chunk.token_count]) == 3
     assert "".join(chunk.text for chunk in received).strip()
     assert_names_backend(caught.value, tgi_server, server_words, our_words)
     assert (await tgi_server.generations())[-1]["status"] == "failed"
 
 
-async def test_http_status_errors_become_typed_errors(tgi_backend_factory, tgi_server):
-    """Non-streaming TGI answers with the status itself; the same mapping applies to real 422s."""
-    backend = tgi_backend_factory()
-    prompt = TOO_LONG[0].content
-    client = AsyncInferenceClient(model=f"{tgi_server.url}/generate")
-    chat_client = AsyncInferenceClient(base_url=tgi_server.url)
-    try:
-        with pytest.raises(ValidationError) as native_error:
-            await client.text_generation(prompt, max_new_tokens=4)
-        with pytest.raises(HfHubHTTPError) as chat_error:
-            await chat_client.chat_completion([{"role": "user", "content": prompt}], max_tokens=4)
-    finally:
-        await client.close()
-        await chat_client.close()
-    assert chat_error.value.response.status_code == 422
-    for error, path in ((native_error.value, "/generate"), (chat_error.value, "/v1/chat/completions")):
-        translated = backend.translate_error(error, path)
-        assert isinstance(translated, InputRejected)
-        assert_names_backend(translated, tgi_server, f"must have less than {TGI_MAX_INPUT_TOKENS} tokens")
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize(("status", "error_class", "words"), [
+    (429, BackendOverloaded, "Model is overloaded"),
+    (422, InputRejected, "injected test rejection"),
+    (424, GenerationFailed, "generation failed on the server"),
+])
+async def test_http_status_instead_of_a_stream_becomes_the_same_typed_error(
+        route, status, error_class, words, tgi_backend_factory, tgi_server):
+    """An older TGI, or a proxy in front of it, answers a stream request with the HTTP status itself."""
+    backend = tgi_backend_factory(route)
+    await tgi_server.set_faults(http_status=status)
+    with pytest.raises(error_class) as caught:
+        await measure(backend, QUESTION, SHORT)
+    assert_names_backend(caught.value, tgi_server, words)
+    assert "data:" not in str(caught.value)
+    # The next request on the same kept client works.
+    text, _ = await measure(backend, QUESTION, SHORT)
+    assert text.strip()
 
 
 # ---------------------------------------------------------------- reaching the server
@@ -299,7 +307,7 @@ async def test_http_status_errors_become_typed_errors(tgi_backend_factory, tgi_s
 async def test_unreachable_server_is_backend_unavailable(route, tgi_backend_factory):
     url = f"http://127.0.0.1:{free_port()}"
     backend = tgi_backend_factory(route, base_url=url)
-    for attempt in (lambda: measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2"),
+    for attempt in (lambda: measure(backend, QUESTION, SHORT),
                     backend.health, backend.info):
         with pytest.raises(BackendUnavailable) as caught:
             await attempt()
@@ -315,7 +323,7 @@ async def test_server_that_never_answers_is_backend_timeout(route, tgi_backend_f
         listener.listen(8)
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         backend = tgi_backend_factory(route, base_url=url, timeout_s=0.5)
-        for attempt in (lambda: measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2"),
+        for attempt in (lambda: measure(backend, QUESTION, SHORT),
                         backend.health):
             with pytest.raises(BackendTimeout) as caught:
                 await attempt()
@@ -333,18 +341,19 @@ def test_unknown_route_is_a_configuration_error():
 async def test_url_that_is_not_tgi_says_so(tgi_backend_factory, tgi_server):
     backend = tgi_backend_factory(base_url=f"{tgi_server.url}/not-tgi")
     with pytest.raises(BackendUnavailable) as caught:
-        await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+        await measure(backend, QUESTION, SHORT)
     message = str(caught.value)
     assert "HTTP 404" in message and "TGI_BASE_URL" in message, message
 
 
-async def test_offline_mode_of_huggingface_hub_is_named(tgi_backend_factory, monkeypatch):
-    """HF_HUB_OFFLINE makes huggingface_hub refuse even a local server: say so instead of failing obscurely."""
+async def test_hf_hub_offline_in_the_environment_does_not_matter(tgi_backend_factory, monkeypatch):
+    """The backend speaks TGI over its own pooled client: huggingface_hub's offline switch
+    (which makes the hub's own client refuse even a local server) plays no part."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    backend = tgi_backend_factory("messages")
-    with pytest.raises(BackendUnavailable) as caught:
-        await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
-    assert "HF_HUB_OFFLINE" in str(caught.value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for route in ROUTES:
+        text, record = await measure(tgi_backend_factory(route), QUESTION, SHORT)
+        assert text.strip() and record.tokens_exact
 
 
 async def test_only_the_configured_key_is_sent(tgi_backend_factory, tgi_server, monkeypatch):
@@ -361,13 +370,13 @@ async def test_only_the_configured_key_is_sent(tgi_backend_factory, tgi_server, 
 
     for route in ROUTES:
         backend = tgi_backend_factory(route)
-        await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+        await measure(backend, QUESTION, SHORT)
     assert [r["has_authorization"] for r in await tgi_server.requests()] == [False] * 3
     await tgi_server.clear_requests()
 
     for route in ROUTES:
         backend = tgi_backend_factory(route, api_key="configured-key")
-        await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+        await measure(backend, QUESTION, SHORT)
     assert [r["has_authorization"] for r in await tgi_server.requests()] == [True] * 3
 
 
@@ -377,10 +386,10 @@ async def test_only_the_configured_key_is_sent(tgi_backend_factory, tgi_server, 
 @pytest.mark.parametrize("route", ROUTES)
 async def test_lora_adapter_is_passed_the_way_tgi_expects(route, tgi_backend_factory, tgi_server):
     path = ROUTE_PATHS[route]
-    await measure(tgi_backend_factory(route).stream(QUESTION, SHORT), backend="tgi", model="smollm2")
+    await measure(tgi_backend_factory(route), QUESTION, SHORT)
     without = await last_body(tgi_server, path)
     backend = tgi_backend_factory(route, tgi_adapter_id="support-lora")
-    await measure(backend.stream(QUESTION, SHORT), backend=backend.name, model="smollm2")
+    await measure(backend, QUESTION, SHORT)
     with_adapter = await last_body(tgi_server, path)
 
     if route == "messages":
@@ -395,7 +404,7 @@ async def test_lora_adapter_is_passed_the_way_tgi_expects(route, tgi_backend_fac
 @pytest.mark.parametrize("route", ROUTES)
 async def test_closing_the_stream_stops_generation_on_the_server(route, tgi_backend_factory, tgi_server):
     backend = tgi_backend_factory(route)
-    stream = backend.stream(LONG_REPLY, LONG)
+    stream = prepared_stream(backend, LONG_REPLY, LONG)
     received = [await anext(stream) for _ in range(3)]
     assert "".join(chunk.text for chunk in received).strip()
 
@@ -409,3 +418,35 @@ async def test_closing_the_stream_stops_generation_on_the_server(route, tgi_back
     assert last["status"] == "cancelled" and last["path"] == ROUTE_PATHS[route]
     assert 3 <= last["generated_tokens"] < LONG.max_new_tokens
     await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 0), what="the slot to be released")
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_one_kept_connection_carries_request_after_request(route, tgi_backend_factory, tgi_server):
+    """No client is built per request: successive requests (and the /chat_tokenize lookup of the
+    native route) travel on the same pooled connection, so none pays for a new one."""
+    backend = tgi_backend_factory(route)
+    for _ in range(3):
+        await measure(backend, QUESTION, SHORT)
+    ports = {request["client_port"] for request in await tgi_server.requests()}
+    assert len(ports) == 1, ports
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_stop_on_the_kept_client_cancels_on_the_server_and_the_next_request_works(
+        route, tgi_backend_factory, tgi_server):
+    backend = tgi_backend_factory(route)
+    stream = prepared_stream(backend, LONG_REPLY, LONG)
+    for _ in range(3):
+        await anext(stream)
+    await stream.aclose()  # the UI's Stop
+    generation = await tgi_server.wait_until(
+        lambda: last_generation_with_status(tgi_server, "cancelled"), what="the generation to be cancelled")
+    assert generation["generated_tokens"] < LONG.max_new_tokens
+    text, record = await measure(backend, QUESTION, SHORT)
+    assert text.strip() and record.status == "completed"
+    assert (await tgi_server.generations())[-1]["status"] == "completed"
+
+
+async def last_generation_with_status(tgi_server, status: str):
+    generations = await tgi_server.generations()
+    return generations[-1] if generations and generations[-1]["status"] == status else None

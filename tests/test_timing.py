@@ -1,11 +1,13 @@
 """The measurement module on synthetic streams whose right answers are known."""
 
 import asyncio
+import random
 
+import numpy
 import pytest
 
-from backends.base import ServerFigures, StreamChunk
-from timing import StreamMeter, TimedStream, measure
+from backends.base import ChatMessage, GenerationParams, PreparedRequest, ServerFigures, StreamChunk
+from timing import InterTokenLatency, StreamMeter, TimedStream, measure, percentile
 
 
 def run(meter: StreamMeter, timeline: list[tuple[float, StreamChunk]], end: float, status="completed"):
@@ -16,15 +18,21 @@ def run(meter: StreamMeter, timeline: list[tuple[float, StreamChunk]], end: floa
 
 
 def test_ttft_skips_the_empty_role_chunk_and_rate_excludes_ttft():
-    timeline = [(0.05, StreamChunk(text="", token_count=0))]  # role delta
+    timeline = [(0.05, StreamChunk(text="", token_count=0))]  # role delta: the first byte
     timeline += [(0.5 + 0.1 * i, StreamChunk(text=f"t{i}", token_count=1)) for i in range(11)]
+    timeline.append((1.55, StreamChunk(finish_reason="stop", token_count=0)))  # the finish chunk ends generation
+    timeline.append((1.58, StreamChunk(server_figures=ServerFigures("vLLM usage", output_tokens=11))))
     record = run(StreamMeter(), timeline, end=1.6)
+    assert record.first_byte_s == pytest.approx(0.05)
     assert record.first_token_s == pytest.approx(0.5)
     assert record.output_tokens == 11
     # 10 intervals of 0.1 s after the first token: exactly 10 tokens/s, TTFT not included.
     assert record.decode_tokens_per_s == pytest.approx(10.0)
-    # TPOT = (e2e - TTFT) / (n - 1) = (1.6 - 0.5) / 10
-    assert record.ms_per_output_token == pytest.approx(110.0)
+    # TPOT (vLLM): (end of generation - TTFT) / (n - 1); the finish chunk ends generation,
+    # the trailing usage chunk and the closing of the stream do not.
+    assert record.last_chunk_s == pytest.approx(1.55)
+    assert record.ms_per_output_token == pytest.approx((1.55 - 0.5) / 10 * 1000)
+    assert record.total_s == pytest.approx(1.6)
     assert record.tokens_exact and record.count_disagreement is None
 
 
@@ -33,6 +41,7 @@ def test_chunks_holding_several_tokens_are_counted_exactly():
     record = run(StreamMeter(), timeline, end=2.0)
     assert record.output_tokens == 5
     assert record.decode_tokens_per_s == pytest.approx(4.0)  # (5 - 1) / (2.0 - 1.0)
+    assert record.chunk_tokens == (2, 3) and record.chunk_times_s == (1.0, 2.0)
 
 
 def test_unknown_counts_are_marked_estimated_until_the_server_says():
@@ -52,6 +61,18 @@ def test_unknown_counts_are_marked_estimated_until_the_server_says():
     assert confirmed.tokens_exact and confirmed.output_tokens == 2 and "vLLM usage" in confirmed.token_source
 
 
+def test_role_and_finish_chunks_without_counts_are_not_counted_as_tokens():
+    """A Messages-API stream: a role-only first chunk, text chunks, a separate finish chunk, usage last.
+    The closing usage is final; the empty chunks never add tokens (no disagreement warning)."""
+    timeline = [(0.1, StreamChunk(text="", token_count=0)),
+                *[(0.2 + 0.1 * i, StreamChunk(text=f"w{i}", token_count=None)) for i in range(5)],
+                (0.8, StreamChunk(text="", token_count=0, finish_reason="stop")),
+                (0.81, StreamChunk(token_count=0, server_figures=ServerFigures("TGI usage", output_tokens=6)))]
+    record = run(StreamMeter(), timeline, end=0.82)
+    assert record.output_tokens == 6 and record.tokens_exact
+    assert record.count_disagreement is None and "TGI usage" in record.token_source
+
+
 def test_disagreement_with_the_server_is_flagged_not_hidden():
     timeline = [(1.0, StreamChunk("a", 1)), (2.0, StreamChunk("b", 1)),
                 (2.0, StreamChunk(server_figures=ServerFigures("TGI details", output_tokens=3, input_tokens=7)))]
@@ -61,7 +82,49 @@ def test_disagreement_with_the_server_is_flagged_not_hidden():
     assert "client counted 2" in record.count_disagreement and "TGI details reports 3" in record.count_disagreement
 
 
-def test_no_tokens_means_no_rate_and_queue_position_clears_on_first_token():
+def test_server_figures_reported_in_pieces_are_merged():
+    timeline = [(1.0, StreamChunk("a", 1)), (1.5, StreamChunk("b", 1)),
+                (1.6, StreamChunk(server_figures=ServerFigures("vLLM usage", output_tokens=2, input_tokens=9))),
+                (1.6, StreamChunk(server_figures=ServerFigures("vLLM per-request metrics", queue_s=0.01,
+                                                               first_token_s=0.2)))]
+    record = run(StreamMeter(), timeline, end=1.7)
+    assert record.server.output_tokens == 2 and record.server.input_tokens == 9
+    assert record.server.queue_s == 0.01 and record.server.first_token_s == 0.2
+    assert "vLLM usage" in record.server.source and "per-request metrics" in record.server.source
+
+
+def test_inter_token_latency_percentiles_and_the_longest_stall():
+    # 1 + 20 chunks: gaps of 10 ms, one stall of 300 ms after the 8th token, one chunk of 3 tokens.
+    times, tokens = [0.2], [1]
+    for index in range(1, 21):
+        times.append(times[-1] + (0.3 if index == 8 else 0.01))
+        tokens.append(3 if index == 15 else 1)
+    timeline = [(t, StreamChunk("x" * n, n)) for t, n in zip(times, tokens)]
+    record = run(StreamMeter(), timeline, end=times[-1] + 0.01)
+    gaps_ms = numpy.diff(times) * 1000
+    itl = record.itl
+    assert itl.count == 20
+    assert itl.median_ms == pytest.approx(numpy.percentile(gaps_ms, 50))
+    assert itl.p90_ms == pytest.approx(numpy.percentile(gaps_ms, 90))
+    assert itl.p99_ms == pytest.approx(numpy.percentile(gaps_ms, 99))
+    assert itl.max_ms == pytest.approx(300.0)
+    assert itl.longest_stall_after_tokens == 8 and itl.longest_stall_ended_s == pytest.approx(times[8])
+    assert record.output_tokens == 23
+    assert record.chunk_gaps_s == pytest.approx(tuple(numpy.diff(times)))
+
+
+def test_percentile_matches_numpy_linear_interpolation():
+    rng = random.Random(5)
+    for size in (1, 2, 3, 10, 101):
+        values = [rng.uniform(0, 100) for _ in range(size)]
+        for q in (0, 50, 90, 99, 100):
+            assert percentile(values, q) == pytest.approx(numpy.percentile(values, q))
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    assert InterTokenLatency.of((0.5,), (1,)) is None
+
+
+def test_queue_status_is_not_a_first_byte_and_clears_on_first_token():
     meter = StreamMeter()
     meter.start(at=0.0)
     meter.observe(StreamChunk(queue_position=2), at=0.1)
@@ -72,6 +135,7 @@ def test_no_tokens_means_no_rate_and_queue_position_clears_on_first_token():
     assert live.queue_position is None and live.first_token_s == pytest.approx(0.3)
     record = meter.finish("stopped", backend="b", model="m", at=0.5)
     assert record.status == "stopped" and record.decode_tokens_per_s is None
+    assert record.first_byte_s == pytest.approx(0.3)  # the local queue status was not a server event
 
 
 async def test_timed_stream_starts_the_clock_at_the_first_request_and_closes_the_stream():
@@ -91,15 +155,30 @@ async def test_timed_stream_starts_the_clock_at_the_first_request_and_closes_the
     await timed.aclose()
     record = timed.finish("completed")
     assert "".join(texts) == "hi there" and closed == [True]
+    assert record.first_byte_s == pytest.approx(0.2)
     assert record.first_token_s == pytest.approx(0.5)  # 10.5 - 10.0, not from construction
     assert record.total_s == pytest.approx(1.0)
+    assert record.started_at_unix_s > 1.6e9
+    assert "chunk_times_s" not in record.as_dict() and record.as_dict(include_timeline=True)["chunk_tokens"] == (1, 1)
 
 
-async def test_measure_returns_text_and_record():
-    async def backend_stream():
+class SlowToPrepare:
+    """A backend whose prepare() takes a while: that time must not be in the figures."""
+
+    label = "slow-prepare"
+
+    async def prepare(self, messages, params):
+        await asyncio.sleep(0.3)
+        return PreparedRequest(messages=tuple(messages), params=params, model="m", sent={})
+
+    async def stream(self, request):
         for piece in ["a", "b", "c"]:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.01)
             yield StreamChunk(piece, 1)
 
-    text, record = await measure(backend_stream(), backend="b", model="m")
+
+async def test_measure_prepares_before_the_clock_starts():
+    text, record = await measure(SlowToPrepare(), [ChatMessage("user", "hi")], GenerationParams())
     assert text == "abc" and record.output_tokens == 3 and record.status == "completed"
+    assert record.backend == "slow-prepare" and record.model == "m"
+    assert record.first_token_s < 0.2 and record.total_s < 0.25

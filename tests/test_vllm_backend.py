@@ -19,6 +19,7 @@ from backends.openai_compat import OpenAICompatBackend, server_root
 from config import BackendConfig
 from scripts.vllm_launch import BUNDLED_MODEL_NAME
 from tests.servers import free_port
+from tests.streams import prepared_stream
 from timing import RequestRecord, TimedStream
 
 # A prompt this model answers at length, so `max_new_tokens` is what ends the reply.
@@ -43,7 +44,8 @@ async def timed_reply(
 ) -> tuple[list[StreamChunk], RequestRecord]:
     """Stream a whole reply through the app's measurement; return its chunks and record."""
     chunks: list[StreamChunk] = []
-    timed = TimedStream(backend.stream(messages, params), backend=backend.name, model="")
+    request = await backend.prepare(messages, params)
+    timed = TimedStream(backend.stream(request), backend=backend.name, model=request.model)
     try:
         async for chunk in timed:
             chunks.append(chunk)
@@ -69,7 +71,7 @@ async def test_streamed_reply_has_exact_token_counts(vllm):
     chunks, record = await timed_reply(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=12, **GREEDY))
 
     server_figures = [c.server_figures for c in chunks if c.server_figures]
-    assert len(server_figures) == 1 and server_figures[0].source == "vLLM usage"
+    assert len(server_figures) == 1 and server_figures[0].source.startswith("vLLM usage")
     counted = sum(c.token_count for c in chunks)
     assert counted == server_figures[0].output_tokens == 12
     assert all(c.token_count is not None for c in chunks)
@@ -99,7 +101,7 @@ async def test_info_and_health(vllm):
 async def test_too_long_prompt_is_rejected_with_the_context_length(vllm):
     too_long = [ChatMessage("user", "hello " * 3000)]
     with pytest.raises(InputRejected) as raised:
-        async for _ in vllm.stream(too_long, GenerationParams(max_new_tokens=4)):
+        async for _ in prepared_stream(vllm, too_long, GenerationParams(max_new_tokens=4)):
             pass
     message = str(raised.value)
     assert "maximum context length is 2048 tokens" in message
@@ -111,7 +113,7 @@ async def test_unreachable_server_names_its_url_and_how_to_start_it():
     backend = vllm_backend(url, model=BUNDLED_MODEL_NAME)
     try:
         with pytest.raises(BackendUnavailable) as raised:
-            async for _ in backend.stream(COUNTING_PROMPT, GenerationParams(max_new_tokens=4)):
+            async for _ in prepared_stream(backend, COUNTING_PROMPT, GenerationParams(max_new_tokens=4)):
                 pass
         with pytest.raises(BackendUnavailable):
             await backend.health()
@@ -125,10 +127,11 @@ async def test_unreachable_server_names_its_url_and_how_to_start_it():
 async def test_closing_the_stream_aborts_the_request_on_the_server(vllm):
     root = server_root(vllm.url)
     generated_before = metric_value(root, "vllm:generation_tokens_total")
-    stream = vllm.stream(COUNTING_PROMPT, GenerationParams(max_new_tokens=1000, **GREEDY))
+    stream = prepared_stream(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=1000, **GREEDY))
     texts = []
     async for chunk in stream:
-        texts.append(chunk.text)
+        if chunk.text:
+            texts.append(chunk.text)
         if len(texts) == 3:
             break
     assert metric_value(root, "vllm:num_requests_running") == 1
@@ -162,7 +165,7 @@ async def test_stop_closes_the_connection_even_when_the_consumer_is_cancelled(vl
 
     async def consume() -> None:
         async with contextlib.aclosing(
-            vllm.stream(COUNTING_PROMPT, GenerationParams(max_new_tokens=1000, **GREEDY))
+            prepared_stream(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=1000, **GREEDY))
         ) as stream:
             async for chunk in stream:
                 if chunk.text:
@@ -179,3 +182,31 @@ async def test_stop_closes_the_connection_even_when_the_consumer_is_cancelled(vl
             break
         await asyncio.sleep(0.1)
     assert await asyncio.to_thread(metric_value, root, "vllm:num_requests_running") == 0
+
+
+@pytest.mark.vllm
+async def test_the_servers_own_timings_ride_beside_ours(vllm):
+    """vLLM started with --enable-per-request-metrics reports its own TTFT, queue and decode time."""
+    _, record = await timed_reply(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=16, **GREEDY))
+    server = record.server
+    assert "vLLM usage" in server.source and "vLLM per-request metrics" in server.source
+    assert server.output_tokens == record.output_tokens == 16
+    # The server's TTFT counts from scheduling, ours from sending: ours is the larger, by the
+    # transport and the queue, and both are the same order of magnitude.
+    assert 0 < server.first_token_s <= record.first_token_s
+    assert server.queue_s is not None and server.queue_s >= 0
+    assert server.decode_s == pytest.approx(record.last_chunk_s - record.first_token_s, rel=0.5, abs=0.05)
+    assert server.time_per_output_token_s == pytest.approx(server.decode_s / 15, rel=0.01)
+
+
+@pytest.mark.vllm
+async def test_optional_sampling_settings_reach_vllm_and_a_seed_makes_replies_repeat(vllm):
+    params = GenerationParams(temperature=1.0, top_p=0.9, max_new_tokens=12, top_k=20, min_p=0.05,
+                              repetition_penalty=1.1, seed=1234)
+    request = await vllm.prepare(COUNTING_PROMPT, params)
+    assert request.ignored == ()
+    assert request.sent == {"temperature": 1.0, "top_p": 0.9, "max_tokens": 12, "top_k": 20, "min_p": 0.05,
+                            "repetition_penalty": 1.1, "seed": 1234}
+    first, _ = await timed_reply(vllm, COUNTING_PROMPT, params)
+    second, _ = await timed_reply(vllm, COUNTING_PROMPT, params)
+    assert "".join(c.text for c in first) == "".join(c.text for c in second)

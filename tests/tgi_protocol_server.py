@@ -48,7 +48,16 @@ Test-only routes (not part of TGI):
 - GET /__test__/state: requests in flight.
 - POST /__test__/faults: `{"fail_after_tokens": N, "error_type": "generation"}`
   makes the next generation fail after N tokens with an in-stream error;
+  `{"http_status": 429}` (or 422, 424, 500) answers the next streaming request
+  with that HTTP status and TGI's error body instead of a stream;
   `{"unhealthy": true}` makes /health answer 503.
+- Each generation records when its first and last token events were handed
+  to the transport (`time.time()`), and each request the client's port (to
+  see whether a client kept its connection).
+
+With `--paced-rate R` the server loads no model: it streams ` w1 w2 ...` at
+exactly R tokens/s (see PacedEngine), for tests and benchmarks of the
+measurement itself.
 """
 
 from __future__ import annotations
@@ -213,6 +222,10 @@ class GenerationRecord:
     generated_tokens: int = 0
     max_new_tokens: int = 0
     adapter_id: str | None = None
+    # Wall-clock (time.time()) when the first and the last token event were handed to the transport.
+    first_token_sent_at_s: float | None = None
+    last_token_sent_at_s: float | None = None
+    tokens_sent: int = 0
 
 
 @dataclass
@@ -344,6 +357,67 @@ class Engine:
                 return
 
 
+class PacedEngine:
+    """A stand-in model that streams at an exact, known pace, for measuring the measurement.
+
+    Token i of a generation is emitted at start + first_token_s + i / rate
+    (an absolute schedule: one late token does not delay the rest), with text
+    ` w1 ... wN`. Tokenizing is by whitespace and the chat template is ChatML,
+    so no model is loaded and the server starts in a second. Everything else
+    (validation, routes, the contract checks) is the same server.
+    """
+
+    model_path = Path("paced-test-model")
+
+    def __init__(self, rate_tokens_per_s: float, tokens: int, first_token_s: float) -> None:
+        self.rate_tokens_per_s = rate_tokens_per_s
+        self.tokens = tokens
+        self.first_token_s = first_token_s
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="paced")
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return [index + 1 for index, _ in enumerate(text.split())]
+
+    def simple_tokens(self, text: str, add_special_tokens: bool) -> list[dict[str, Any]]:
+        tokens, position = [], 0
+        for index, word in enumerate(text.split()):
+            start = text.index(word, position)
+            position = start + len(word)
+            tokens.append({"id": index + 1, "text": word, "start": start, "stop": position})
+        return tokens
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        turns = "".join(f"<|im_start|>{m.get('role', 'user')}\n{_message_text(m.get('content'))}<|im_end|>\n"
+                        for m in messages)
+        return turns + "<|im_start|>assistant\n"
+
+    def is_end_of_generation(self, token_id: int) -> bool:
+        return False
+
+    def run(self, job: Job, emit: Callable[[tuple], None]) -> None:
+        record = job.record
+        record.status = "running"
+        count = min(self.tokens, job.request.max_new_tokens)
+        start = time.monotonic() + self.first_token_s
+        parts: list[str] = []
+        for index in range(count):
+            delay = start + index / self.rate_tokens_per_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if job.cancelled.is_set():
+                record.status = "cancelled"
+                emit(("cancelled",))
+                return
+            text = f" w{index + 1}"
+            parts.append(text)
+            record.generated_tokens = index + 1
+            last = index == count - 1
+            if last:
+                record.status = "completed"
+            emit(("token", TokenOut(index + 1, text, 0.0, False), "length" if last else None,
+                  "".join(parts) if last else None))
+
+
 def _message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -436,6 +510,7 @@ class TGIProtocolServer:
     # -- requests
 
     async def body(self, request: Request) -> Any:
+        received_at_s = time.time()
         raw = await request.body()
         try:
             payload = json.loads(raw) if raw else None
@@ -445,6 +520,8 @@ class TGIProtocolServer:
             "path": request.url.path,
             "body": payload,
             "has_authorization": "authorization" in request.headers,
+            "client_port": request.client.port if request.client else None,
+            "received_at_s": received_at_s,
             "request_schema_problems": contract.request_violations(request.url.path, request.method, payload)
             if isinstance(payload, dict) else ["body is not a JSON object"],
         })
@@ -622,6 +699,12 @@ class TGIProtocolServer:
                     if finish_reason is not None:
                         self.counters["tgi_request_success"] += 1
                         self.counters["tgi_request_generated_tokens_total"] += count
+                    record = job.record
+                    sent_at = time.time()
+                    if record.first_token_sent_at_s is None:
+                        record.first_token_sent_at_s = sent_at
+                    record.last_token_sent_at_s = sent_at
+                    record.tokens_sent = count
                     for event in rendered:
                         yield event
                 if closing:
@@ -707,10 +790,23 @@ class TGIProtocolServer:
         except InferError as error:
             return self.error_json(path, error)
 
+    def injected_status_error(self) -> InferError | None:
+        """The armed `http_status` fault: the next streaming request is answered with that HTTP
+        status and TGI's error body, as an older TGI or a proxy in front of it would."""
+        status = self.faults.pop("http_status", None)
+        if status is None:
+            return None
+        return {422: validation_error("injected test rejection"), 429: overloaded_error(),
+                424: injected_error("generation", 0),
+                500: injected_error("incomplete_generation", 0)}[int(status)]
+
     async def route_generate_stream(self, request: Request) -> Response:
         path = "/generate_stream"
         try:
             payload = await self.body(request)
+            injected = self.injected_status_error()
+            if injected is not None:
+                raise injected
         except InferError as error:
             return Response(self.error_event(path, error), status_code=error.status, media_type="text/event-stream")
         return self.stream_response(path, payload)
@@ -757,6 +853,9 @@ class TGIProtocolServer:
         except InferError as error:
             return self.error_json(path, error)
         if payload.get("stream"):
+            injected = self.injected_status_error()
+            if injected is not None:
+                return self.error_json(path, injected)
             return self.chat_stream(path, payload, prompt, parameters)
         try:
             self.admit()
@@ -907,7 +1006,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--model", type=Path, required=True, help="a GGUF file")
+    parser.add_argument("--model", type=Path, help="a GGUF file (not needed with --paced-rate)")
+    parser.add_argument("--paced-rate", type=float, default=0.0,
+                        help="serve no model: stream ` w1 w2 ...` at this many tokens/s (measurement tests)")
+    parser.add_argument("--paced-tokens", type=int, default=100, help="tokens per paced reply")
+    parser.add_argument("--paced-first-token-s", type=float, default=0.0, help="delay before the first paced token")
     parser.add_argument("--model-id", default="", help="the model id /info reports (default: the file name)")
     parser.add_argument("--max-concurrent", type=int, default=128, help="TGI's --max-concurrent-requests")
     parser.add_argument("--max-input-tokens", type=int, default=1024)
@@ -916,9 +1019,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.max_input_tokens >= args.max_total_tokens:
         parser.error("--max-input-tokens must be lower than --max-total-tokens (as in TGI)")
-    engine = Engine(args.model, n_ctx=args.max_total_tokens, threads=args.threads)
+    if args.paced_rate > 0:
+        engine = PacedEngine(args.paced_rate, args.paced_tokens, args.paced_first_token_s)
+    elif args.model is None:
+        parser.error("give --model (a GGUF file) or --paced-rate")
+    else:
+        engine = Engine(args.model, n_ctx=args.max_total_tokens, threads=args.threads)
     limits = Limits(args.max_input_tokens, args.max_total_tokens, args.max_concurrent)
-    server = TGIProtocolServer(engine, limits, args.model_id or args.model.name)
+    server = TGIProtocolServer(engine, limits, args.model_id or engine.model_path.name)
     uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
 
 

@@ -1,46 +1,228 @@
 // Live figures next to a reply. `props` is injected globally by Chainlit.
 // The server refreshes it ~10 times per second while streaming, then once more
-// with the final, frozen measurement (see timing.py for the definitions).
+// with the final, frozen measurement and the reply's timeline (see timing.py
+// for the definitions). The timeline is drawn only from the final props, so
+// nothing heavy re-mounts while the reply streams.
+import { useState } from "react";
+
 const LABELS = {
   en: {
-    ttft: "TTFT", rate: "tokens/s", tokens: "tokens", elapsed: "elapsed", tpot: "ms/token",
+    ttft: "TTFT", rate: "tokens/s", tokens: "tokens", elapsed: "elapsed", tpot: "TPOT ms/token",
     queued: (n) => `queued: ${n} ahead`, starting: "sending…", streaming: "streaming",
     completed: "done", stopped: "stopped", error: "failed", estimated: "≈ estimated count",
-    finish: "finish", server: "server counted",
+    finish: "finish", server: "server counted", showTimeline: "timeline ▸", hideTimeline: "timeline ▾",
+    firstByte: "first byte", firstToken: "first token", end: "end of generation", closed: "stream closed",
+    prepared: "prepared before the clock",
+    itlTitle: "Gaps between tokens (inter-token latency, ITL)", median: "median", p90: "p90", p99: "p99",
+    stall: "longest stall", afterTokens: (n) => `after token ${n}`, gapAxis: "gap (ms)", tokenAxis: "token →",
+    perPoint: (k) => `each bar = the longest of ${k} gaps`,
+    ours: "this app (client)", theirs: "server", notReported: "not reported",
+    queue: "queue", prompt: "prompt processing", decode: "decode time", inference: "inference",
+    perToken: "time per output token", decodeRate: "decode tokens/s", outputRate: "output tokens/s (incl. prefill)",
+    promptRate: "prompt tokens/s", outTokens: "output tokens", inTokens: "prompt tokens",
+    sent: "sent to the engine", noServer: "This engine reported no figures of its own for this reply.",
   },
   zh: {
-    ttft: "首 token 时间", rate: "tokens/秒", tokens: "tokens", elapsed: "耗时", tpot: "毫秒/token",
+    ttft: "首 token 时间", rate: "tokens/秒", tokens: "tokens", elapsed: "耗时", tpot: "TPOT 毫秒/token",
     queued: (n) => `排队中：前面还有 ${n} 个`, starting: "发送中…", streaming: "生成中",
     completed: "完成", stopped: "已停止", error: "失败", estimated: "≈ 估算的数量",
-    finish: "结束原因", server: "服务端计数",
+    finish: "结束原因", server: "服务端计数", showTimeline: "时间线 ▸", hideTimeline: "时间线 ▾",
+    firstByte: "首字节", firstToken: "首 token", end: "生成结束", closed: "流关闭",
+    prepared: "计时开始前的准备",
+    itlTitle: "token 之间的间隔（ITL）", median: "中位数", p90: "p90", p99: "p99",
+    stall: "最长停顿", afterTokens: (n) => `第 ${n} 个 token 之后`, gapAxis: "间隔（毫秒）", tokenAxis: "token →",
+    perPoint: (k) => `每根柱 = ${k} 个间隔中的最大值`,
+    ours: "本应用（客户端）", theirs: "服务端", notReported: "未报告",
+    queue: "排队", prompt: "提示词处理", decode: "解码时间", inference: "推理",
+    perToken: "每个输出 token 的时间", decodeRate: "解码 tokens/秒", outputRate: "输出 tokens/秒（含预填充）",
+    promptRate: "提示词 tokens/秒", outTokens: "输出 tokens", inTokens: "提示词 tokens",
+    sent: "发送给引擎的参数", noServer: "该引擎没有为这条回复报告自己的数据。",
   },
 };
 
+const FINAL = ["completed", "stopped", "error"];
+const MAX_BARS = 240;
+
 function fmtMs(ms) {
   if (ms === null || ms === undefined) return "–";
-  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${Math.round(ms)} ms`;
+  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms < 10 ? ms.toFixed(1) : Math.round(ms)} ms`;
 }
 
 function fmt(value, digits) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
-export default function Metrics() {
-  const t = LABELS[props.lang] || LABELS.en;
-  const state = props.state || "starting";
-  const live = state === "streaming" || state === "queued" || state === "starting";
-  // Inline styles: Chainlit's prebuilt Tailwind only has the classes its own UI uses.
-  const dotColor = {
-    starting: "#eab308", queued: "#eab308", streaming: "#3b82f6",
-    completed: "#16a34a", stopped: "#f97316", error: "#dc2626",
-  }[state] || "#9ca3af";
-  const status = state === "queued" ? t.queued(props.queuePosition) : t[state] || state;
-  const cell = (label, value, testid) => (
+// Inline styles: Chainlit's prebuilt Tailwind only has the classes its own UI uses.
+function Cell({ label, value, testid }) {
+  return (
     <div style={{ display: "flex", flexDirection: "column", minWidth: "6.5rem" }} data-testid={testid}>
       <span className="text-muted-foreground" style={{ fontSize: "11px" }}>{label}</span>
       <span className="font-mono" style={{ fontVariantNumeric: "tabular-nums" }}>{value}</span>
     </div>
   );
+}
+
+// Gaps between successive token chunks, max-pooled into at most MAX_BARS bars so a stall stays visible.
+function gapBars(chunkTimesMs) {
+  const gaps = [];
+  for (let i = 1; i < chunkTimesMs.length; i++) gaps.push(chunkTimesMs[i] - chunkTimesMs[i - 1]);
+  const perBar = Math.max(1, Math.ceil(gaps.length / MAX_BARS));
+  const bars = [];
+  for (let i = 0; i < gaps.length; i += perBar) bars.push(Math.max(...gaps.slice(i, i + perBar)));
+  return { bars, perBar };
+}
+
+function GapChart({ timeline, t }) {
+  const { bars, perBar } = gapBars(timeline.chunkTimesMs || []);
+  if (!bars.length || !timeline.itl) return null;
+  const itl = timeline.itl;
+  const width = 600, height = 110, left = 40, bottom = 16, top = 6;
+  const top_ms = Math.max(...bars, itl.medianMs * 2) || 1;
+  const y = (ms) => top + (height - top - bottom) * (1 - ms / top_ms);
+  const barWidth = (width - left) / bars.length;
+  return (
+    <svg viewBox={`0 0 ${width} ${height}`} style={{ width: "100%", maxWidth: "640px", height: "auto" }}
+         data-testid="metrics-gap-chart" role="img" aria-label={t.itlTitle}>
+      <line x1={left} y1={y(0)} x2={width} y2={y(0)} stroke="currentColor" strokeOpacity="0.3" />
+      <text x={left - 4} y={y(top_ms) + 8} fontSize="9" textAnchor="end" fill="currentColor">{Math.round(top_ms)}</text>
+      <text x={left - 4} y={y(0)} fontSize="9" textAnchor="end" fill="currentColor">0</text>
+      <text x={2} y={height / 2} fontSize="9" fill="currentColor">{t.gapAxis}</text>
+      <text x={width - 2} y={height - 3} fontSize="9" textAnchor="end" fill="currentColor">{t.tokenAxis}</text>
+      {bars.map((ms, i) => (
+        <rect key={i} x={left + i * barWidth} y={y(ms)} width={Math.max(barWidth - 0.5, 0.5)}
+              height={Math.max(y(0) - y(ms), 0.5)}
+              fill={ms >= itl.maxMs ? "#dc2626" : "#3b82f6"} fillOpacity="0.75" />
+      ))}
+      <line x1={left} x2={width} y1={y(itl.medianMs)} y2={y(itl.medianMs)} stroke="#16a34a" strokeDasharray="4 3" />
+      <text x={width - 2} y={y(itl.medianMs) - 2} fontSize="9" textAnchor="end" fill="#16a34a">
+        {t.median} {fmtMs(itl.medianMs)}
+      </text>
+      {perBar > 1 ? <text x={left + 2} y={top + 8} fontSize="9" fill="currentColor">{t.perPoint(perBar)}</text> : null}
+    </svg>
+  );
+}
+
+function Milestones({ timeline, t }) {
+  const total = timeline.totalMs || 1;
+  const marks = [
+    [t.firstByte, timeline.firstByteMs, "#9ca3af", "timeline-first-byte"],
+    [t.firstToken, timeline.firstTokenMs, "#3b82f6", "timeline-first-token"],
+    [t.end, timeline.lastChunkMs, "#16a34a", "timeline-end"],
+    [t.closed, timeline.totalMs, "#6b7280", "timeline-closed"],
+  ].filter((m) => m[1] !== null && m[1] !== undefined);
+  return (
+    <div style={{ margin: "4px 0" }}>
+      <div style={{ position: "relative", height: "6px", background: "rgba(127,127,127,0.2)", borderRadius: "3px" }}>
+        {(timeline.chunkTimesMs || []).length > 1 ? (
+          <div style={{ position: "absolute", left: `${(100 * timeline.firstTokenMs) / total}%`,
+                        width: `${(100 * ((timeline.lastChunkMs || total) - timeline.firstTokenMs)) / total}%`,
+                        top: 0, bottom: 0, background: "#3b82f6", opacity: 0.35, borderRadius: "3px" }} />
+        ) : null}
+        {marks.map(([label, ms, color]) => (
+          <div key={label} title={`${label}: ${fmtMs(ms)}`}
+               style={{ position: "absolute", left: `calc(${(100 * ms) / total}% - 1px)`, top: "-3px",
+                        width: "2px", height: "12px", background: color }} />
+        ))}
+      </div>
+      <div style={{ display: "flex", flexWrap: "wrap", columnGap: "14px", fontSize: "12px", marginTop: "4px" }}>
+        {timeline.prepareMs !== null && timeline.prepareMs !== undefined ? (
+          <span className="text-muted-foreground">{t.prepared}: <span className="font-mono">{fmtMs(timeline.prepareMs)}</span></span>
+        ) : null}
+        {marks.map(([label, ms, color, testid]) => (
+          <span key={label} data-testid={testid}>
+            <span style={{ color }}>■</span> {label}: <span className="font-mono">{fmtMs(ms)}</span>
+          </span>
+        ))}
+      </div>
+    </div>
+  );
+}
+
+function ServerTable({ props, t }) {
+  const timeline = props.timeline || {};
+  const server = timeline.server;
+  if (!server) return <div className="text-muted-foreground" data-testid="metrics-server-none">{t.noServer}</div>;
+  const rows = [
+    [t.ttft, fmtMs(props.ttftMs), server.firstTokenMs, fmtMs],
+    [t.queue, "–", server.queueMs, fmtMs],
+    [t.prompt, "–", server.promptMs, fmtMs],
+    [t.decode, fmtMs(timeline.firstTokenMs !== null && timeline.lastChunkMs !== null
+                     ? timeline.lastChunkMs - timeline.firstTokenMs : null), server.decodeMs, fmtMs],
+    [t.inference, "–", server.inferenceMs, fmtMs],
+    [t.perToken, fmtMs(props.msPerToken), server.tpotMs, fmtMs],
+    [t.decodeRate, fmt(props.tokensPerS, 1), server.decodeTokensPerS, (v) => fmt(v, 1)],
+    [t.outputRate, "–", server.outputTokensPerS, (v) => fmt(v, 1)],
+    [t.promptRate, "–", server.promptTokensPerS, (v) => fmt(v, 1)],
+    [t.outTokens, String(props.tokens ?? "–"), server.outputTokens, (v) => String(v)],
+    [t.inTokens, "–", server.inputTokens, (v) => String(v)],
+  ];
+  const cellStyle = { padding: "1px 10px 1px 0", textAlign: "left" };
+  return (
+    <table style={{ fontSize: "12px", borderCollapse: "collapse", margin: "4px 0" }} data-testid="metrics-server">
+      <thead>
+        <tr className="text-muted-foreground">
+          <th style={cellStyle}></th><th style={cellStyle}>{t.ours}</th>
+          <th style={cellStyle}>{t.theirs}: {server.source}</th>
+        </tr>
+      </thead>
+      <tbody>
+        {rows.map(([label, ours, value, format]) => (
+          <tr key={label}>
+            <td style={cellStyle} className="text-muted-foreground">{label}</td>
+            <td style={cellStyle} className="font-mono">{ours}</td>
+            <td style={cellStyle} className="font-mono">
+              {value === null || value === undefined ? <span className="text-muted-foreground">{t.notReported}</span> : format(value)}
+            </td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+function Timeline({ props, t }) {
+  const timeline = props.timeline;
+  const itl = timeline.itl;
+  const sent = Object.entries(timeline.sent || {});
+  return (
+    <div data-testid="metrics-timeline" style={{ marginTop: "6px", fontSize: "12px" }}>
+      <Milestones timeline={timeline} t={t} />
+      {itl ? (
+        <div style={{ marginTop: "6px" }}>
+          <div className="text-muted-foreground">{t.itlTitle}</div>
+          <div style={{ display: "flex", flexWrap: "wrap", columnGap: "18px" }}>
+            <Cell label={t.median} value={fmtMs(itl.medianMs)} testid="itl-median" />
+            <Cell label={t.p90} value={fmtMs(itl.p90Ms)} testid="itl-p90" />
+            <Cell label={t.p99} value={fmtMs(itl.p99Ms)} testid="itl-p99" />
+            <Cell label={t.stall} value={`${fmtMs(itl.maxMs)} · ${t.afterTokens(itl.stallAfterTokens)}`} testid="itl-max" />
+          </div>
+          <GapChart timeline={timeline} t={t} />
+        </div>
+      ) : null}
+      <ServerTable props={props} t={t} />
+      {sent.length ? (
+        <div data-testid="metrics-sent">
+          <span className="text-muted-foreground">{t.sent}: </span>
+          <span className="font-mono">{sent.map(([k, v]) => `${k}=${v}`).join(", ")}</span>
+        </div>
+      ) : null}
+      {(timeline.notes || []).map((note) => (
+        <div key={note} className="text-muted-foreground">· {note}</div>
+      ))}
+    </div>
+  );
+}
+
+export default function Metrics() {
+  const [open, setOpen] = useState(false);
+  const t = LABELS[props.lang] || LABELS.en;
+  const state = props.state || "starting";
+  const final = FINAL.includes(state);
+  const dotColor = {
+    starting: "#eab308", queued: "#eab308", streaming: "#3b82f6",
+    completed: "#16a34a", stopped: "#f97316", error: "#dc2626",
+  }[state] || "#9ca3af";
+  const status = state === "queued" ? t.queued(props.queuePosition) : t[state] || state;
   return (
     <div className="serving-lab-metrics rounded-md border text-sm"
          style={{ padding: "6px 12px", margin: "4px 0" }} data-state={state} data-testid="metrics">
@@ -53,19 +235,35 @@ export default function Metrics() {
         {props.model ? <span className="font-mono" data-testid="metrics-model">{props.model}</span> : null}
       </div>
       <div style={{ display: "flex", flexWrap: "wrap", columnGap: "18px", rowGap: "4px" }}>
-        {cell(t.ttft, fmtMs(props.ttftMs), "metrics-ttft")}
-        {cell(t.rate, fmt(props.tokensPerS, 1), "metrics-rate")}
-        {cell(t.tokens, `${props.tokens ?? 0}${props.tokensExact === false ? " ≈" : ""}`, "metrics-tokens")}
-        {cell(t.elapsed, fmtMs(props.elapsedMs), "metrics-elapsed")}
-        {!live && cell(t.tpot, fmt(props.msPerToken, 1), "metrics-tpot")}
+        <Cell label={t.ttft} value={fmtMs(props.ttftMs)} testid="metrics-ttft" />
+        <Cell label={t.rate} value={fmt(props.tokensPerS, 1)} testid="metrics-rate" />
+        <Cell label={t.tokens} value={`${props.tokens ?? 0}${props.tokensExact === false ? " ≈" : ""}`} testid="metrics-tokens" />
+        <Cell label={t.elapsed} value={fmtMs(props.elapsedMs)} testid="metrics-elapsed" />
+        {final ? <Cell label={t.tpot} value={fmt(props.msPerToken, 1)} testid="metrics-tpot" /> : null}
       </div>
-      {!live && (props.finishReason || props.disagreement || props.tokensExact === false) ? (
+      {(props.ignored || []).map((line) => (
+        <div key={line} style={{ color: "#ea580c", fontSize: "12px", marginTop: "2px" }} data-testid="metrics-ignored">
+          ⚠ {line}
+        </div>
+      ))}
+      {final && (props.finishReason || props.disagreement || props.tokensExact === false) ? (
         <div className="text-muted-foreground" style={{ marginTop: "4px", fontSize: "12px" }}>
           {props.finishReason ? <span>{t.finish}: {props.finishReason} </span> : null}
           {props.serverTokens !== null && props.serverTokens !== undefined
             ? <span>· {t.server}: {props.serverTokens} </span> : null}
           {props.tokensExact === false ? <span>· {t.estimated} </span> : null}
           {props.disagreement ? <span style={{ color: "#ea580c" }} data-testid="metrics-disagreement">· ⚠ {props.disagreement}</span> : null}
+        </div>
+      ) : null}
+      {final && props.timeline ? (
+        <div>
+          <button type="button" onClick={() => setOpen(!open)} data-testid="metrics-timeline-toggle"
+                  className="text-muted-foreground"
+                  style={{ fontSize: "12px", background: "none", border: "none", padding: 0, cursor: "pointer",
+                           textDecoration: "underline", marginTop: "4px" }}>
+            {open ? t.hideTimeline : t.showTimeline}
+          </button>
+          {open ? <Timeline props={props} t={t} /> : null}
         </div>
       ) : null}
     </div>

@@ -1,0 +1,149 @@
+"""The reply flow without Chainlit: shared state, backend status, and preparing a reply as data.
+
+`plan_reply` does everything that happens before a reply streams - checking
+the backend, fitting the history into its context, fixing the sampling
+settings and preparing the request (lookups, templating) - and returns
+either a `ReplyPlan` or a `Refusal`, with what the person should be told as
+`Notice`s. The Chainlit layer (`chat/session.py`) only renders them; tests
+drive this module with a fake backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+from backends.base import SETTING_LABELS, Backend, ChatMessage, PreparedRequest
+from backends.errors import BackendError
+from backends.registry import BackendStatus, Registry
+from chat.history import fit_to_context
+from chat.i18n import text
+from chat.settings import SessionSettings, load_presets
+from config import ChatDefaults, backend_names, load_env
+from timing import TimedStream
+
+INFO_CACHE_S = 30.0
+STATUS_TIMEOUT_S = 4.0
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the person should know about a reply, as data (rendered by chat.i18n)."""
+
+    key: str
+    values: Mapping[str, object] = field(default_factory=dict)
+
+    def render(self, lang: str) -> str:
+        return text(self.key, lang, **self.values)
+
+
+@dataclass
+class AppState:
+    """Shared by every session in this process: backends, defaults, presets, a status cache."""
+
+    registry: Registry
+    defaults: ChatDefaults
+    presets: dict[str, str]
+    _statuses: dict[str, tuple[float, BackendStatus]] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "AppState":
+        if env is None:
+            load_env()
+            env = dict(os.environ)
+        return cls(
+            registry=Registry.from_env(env),
+            defaults=ChatDefaults.from_env(env, backend_names(env)),
+            presets=load_presets(),
+        )
+
+    async def status(self, name: str, fresh: bool = False) -> BackendStatus:
+        """Health + info of one backend, cached briefly so a classroom does not hammer servers.
+        A backend that was down is always probed again."""
+        cached = self._statuses.get(name)
+        if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_S and cached[1].available:
+            return cached[1]
+        status = await self.registry.status(name, STATUS_TIMEOUT_S)
+        self._statuses[name] = (time.monotonic(), status)
+        return status
+
+    async def statuses(self) -> dict[str, BackendStatus]:
+        """Every configured backend's status, probed concurrently, in configuration order."""
+        results = await asyncio.gather(*(self.status(name) for name in self.registry.names))
+        return {status.name: status for status in results}
+
+
+@dataclass(frozen=True)
+class ReplyPlan:
+    """A reply ready to stream: the backend, the prepared request, and notices to show first."""
+
+    backend: Backend
+    model: str
+    request: PreparedRequest
+    notices: tuple[Notice, ...] = ()
+
+    def open_stream(self) -> TimedStream:
+        """The measured stream; the request leaves (and the clock starts) on its first iteration."""
+        return TimedStream(self.backend.stream(self.request), backend=self.backend.label, model=self.model)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The reply cannot be sent now; `reason` says why and what to do."""
+
+    label: str
+    reason: str
+
+
+def system_message(settings: SessionSettings, presets: Mapping[str, str]) -> ChatMessage | None:
+    prompt = settings.system_prompt(presets)
+    return ChatMessage("system", prompt) if prompt else None
+
+
+async def plan_reply(
+    state: AppState,
+    settings: SessionSettings,
+    history: Sequence[ChatMessage],
+    user_text: str,
+) -> ReplyPlan | Refusal:
+    """Check the backend, fit the conversation into its context, prepare the request."""
+    backend = state.registry.get(settings.backend)
+    turns = [*history, ChatMessage("user", user_text)]
+    try:
+        status = await state.status(settings.backend)
+        if not status.available:
+            status = await state.status(settings.backend, fresh=True)
+        if not status.available:
+            return Refusal(status.label, status.reason or "")
+        context = status.info.context_length if status.info else None
+        fitted = await fit_to_context(system_message(settings, state.presets), turns,
+                                      backend.count_prompt_tokens, context, settings.max_new_tokens)
+        params = replace(settings.params(), max_new_tokens=fitted.max_new_tokens)
+        request = await backend.prepare(fitted.messages, params)
+    except BackendError as error:
+        return Refusal(backend.label, error.describe())
+    notices = []
+    if fitted.dropped_messages:
+        notices.append(Notice("trimmed", {"dropped": fitted.dropped_messages, "backend": backend.label,
+                                          "context": context}))
+    if fitted.max_new_tokens < settings.max_new_tokens:
+        notices.append(Notice("capped", {"tokens": fitted.max_new_tokens, "backend": backend.label}))
+    model = status.info.model_id if status.info else request.model
+    return ReplyPlan(backend, model, request, tuple(notices))
+
+
+def ignored_notes(request: PreparedRequest) -> list[str]:
+    """One line per setting the engine could not honour, e.g. 'top-k is not supported by ...: ignored'."""
+    return [ignored.describe() for ignored in request.ignored]
+
+
+def sent_summary(request: PreparedRequest) -> str:
+    """What went on the wire, in the engine's own names: 'temperature=0.7, top_p=0.9, ...'."""
+    return ", ".join(f"{name}={value}" for name, value in request.sent.items())
+
+
+def setting_label(name: str) -> str:
+    return SETTING_LABELS.get(name, name)
