@@ -1,0 +1,27 @@
+"""Storage: replies with their figures, compare rounds and votes, plus Chainlit's history tables.
+
+One database for both, chosen by `DATABASE_URL` (default: the SQLite file
+`.data/serving_lab.db`). `Store` is the app's API; Chainlit's data layer on
+the same database comes from `store.chainlit_layer.chainlit_data_layer()`
+(kept out of this import so the store works without Chainlit).
+`python -m store init` creates or migrates the tables; `python -m store info` shows them.
+"""
+
+from store.db import Store
+from store.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    RoundNotFound,
+    SchemaTooNew,
+    StoreError,
+    VoteRejected,
+)
+from store.records import CompareRound, RoundColumn, StoredReply, Vote, VoteRecord, check_vote
+from store.schema import SCHEMA_VERSION
+from store.urls import database_url, mask_password, normalise_url
+
+__all__ = [
+    "SCHEMA_VERSION", "CompareRound", "ConfigurationError", "DatabaseUnavailable", "RoundColumn",
+    "RoundNotFound", "SchemaTooNew", "Store", "StoreError", "StoredReply", "Vote", "VoteRecord",
+    "VoteRejected", "check_vote", "database_url", "mask_password", "normalise_url",
+]

@@ -1,0 +1,312 @@
+"""The app's database: open it, migrate it, save and read replies, rounds and votes.
+
+    store = await Store.open()        # DATABASE_URL, or .data/serving_lab.db
+    await store.migrate()             # idempotent; the app calls it at startup
+    await store.save_reply(reply)
+    await store.aclose()
+
+Chainlit's history uses the same database through `store.chainlit_layer`.
+Nothing here imports Chainlit.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+from sqlalchemy import event, func, insert, inspect, select, text, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.schema import CreateColumn
+
+from store import schema
+from store.errors import DatabaseUnavailable, RoundNotFound, SchemaTooNew, VoteRejected
+from store.records import CompareRound, RoundColumn, StoredReply, Vote, VoteRecord, check_vote, utc_now
+from store.urls import database_url, mask_password, normalise_url
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+# Any constant works; it only has to be the same for every process migrating this database.
+_POSTGRES_MIGRATION_LOCK = 7_311_999
+
+
+def create_engine(url: str, *, immediate_transactions: bool = False) -> AsyncEngine:
+    """An async engine for a normalised URL, set up by `configure_engine`."""
+    engine = create_async_engine(url)
+    configure_engine(engine, immediate_transactions=immediate_transactions)
+    return engine
+
+
+def configure_engine(engine: AsyncEngine, *, immediate_transactions: bool = False) -> None:
+    """Set up a not yet connected engine; on SQLite, for two engines (app and Chainlit) sharing one file.
+
+    On SQLite: the folder is created, foreign keys are enforced (as on PostgreSQL), WAL lets
+    readers run beside the writer, a busy timeout replaces instant "database is locked", and with
+    `immediate_transactions` every transaction takes the write lock at BEGIN, so a
+    check-then-insert (one vote per round) cannot interleave with another.
+    """
+    if engine.dialect.name != "sqlite":
+        return
+    Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _configure_sqlite(dbapi_connection, _record) -> None:
+        if immediate_transactions:
+            dbapi_connection.isolation_level = None  # BEGIN is emitted below instead
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    if immediate_transactions:
+        @event.listens_for(engine.sync_engine, "begin")
+        def _begin_immediate(connection) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+class Store:
+    """The app's storage on one database (SQLite file or PostgreSQL)."""
+
+    def __init__(self, engine: AsyncEngine, url: str) -> None:
+        """Prefer `await Store.open(url)`, which checks the connection."""
+        self._engine = engine
+        self.url = url
+
+    @classmethod
+    async def open(cls, url: str | None = None) -> "Store":
+        """Connect to `url` (default: `DATABASE_URL`, else the SQLite file); raise `DatabaseUnavailable` if that fails."""
+        url = normalise_url(url) if url else database_url()
+        store: Store | None = None
+        try:
+            store = cls(create_engine(url, immediate_transactions=True), url)
+            async with store._engine.connect() as connection:
+                await connection.execute(text("SELECT 1"))
+        except (DBAPIError, OSError) as error:  # OSError: refused connection, or no folder for the SQLite file
+            if store is not None:
+                await store.aclose()
+            raise DatabaseUnavailable(
+                f"Cannot open the database at {mask_password(url)}: {error}. "
+                "Check DATABASE_URL in .env (and that the PostgreSQL server is running, if it is one)."
+            ) from error
+        return store
+
+    @property
+    def masked_url(self) -> str:
+        """The URL with its password hidden, safe to print."""
+        return mask_password(self.url)
+
+    async def aclose(self) -> None:
+        """Close every connection; the Store cannot be used afterwards."""
+        await self._engine.dispose()
+
+    async def __aenter__(self) -> "Store":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    # --- schema ----------------------------------------------------------
+
+    async def migrate(self) -> int:
+        """Create missing tables and columns, run pending steps, record the version; returns it.
+
+        Safe to run at every start and from several processes at once.
+        """
+        async with self._engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                await connection.execute(text(f"SELECT pg_advisory_xact_lock({_POSTGRES_MIGRATION_LOCK})"))
+            return await connection.run_sync(_migrate)
+
+    async def schema_version(self) -> int | None:
+        """The version recorded by `migrate()`, or None if the database was never migrated."""
+        async with self._engine.begin() as connection:
+            return await connection.run_sync(_recorded_version)
+
+    async def row_counts(self) -> dict[str, int]:
+        """Rows per table, for the tables that exist."""
+        async with self._engine.begin() as connection:
+            present = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
+            return {
+                table.name: await connection.scalar(select(func.count()).select_from(table))
+                for table in schema.metadata.sorted_tables
+                if table.name in present
+            }
+
+    # --- replies ---------------------------------------------------------
+
+    async def save_reply(self, reply: StoredReply) -> None:
+        """Store a finished reply (its id is the Chainlit message id; saving it twice is an error)."""
+        async with self._engine.begin() as connection:
+            await connection.execute(insert(schema.replies).values(**asdict(reply)))
+
+    async def replies_for_thread(self, thread_id: str) -> list[StoredReply]:
+        """The replies of one chat, oldest first."""
+        query = (select(schema.replies).where(schema.replies.c.thread_id == thread_id)
+                 .order_by(schema.replies.c.created_at, schema.replies.c.id))
+        async with self._engine.begin() as connection:
+            return [StoredReply(**row._mapping) for row in await connection.execute(query)]
+
+    async def replies(self, limit: int = 100, backend: str | None = None,
+                      since: datetime | None = None) -> list[StoredReply]:
+        """The newest replies first, optionally of one backend and from `since` (inclusive) on."""
+        query = select(schema.replies).order_by(schema.replies.c.created_at.desc(), schema.replies.c.id).limit(limit)
+        if backend is not None:
+            query = query.where(schema.replies.c.backend == backend)
+        if since is not None:
+            query = query.where(schema.replies.c.created_at >= since)
+        async with self._engine.begin() as connection:
+            return [StoredReply(**row._mapping) for row in await connection.execute(query)]
+
+    # --- rounds ----------------------------------------------------------
+
+    async def save_round(self, round_: CompareRound) -> None:
+        """Store a round and its columns (usually before the replies stream; see `set_round_reply`)."""
+        round_row = asdict(round_)
+        del round_row["columns"]
+        async with self._engine.begin() as connection:
+            await connection.execute(insert(schema.compare_rounds).values(**round_row))
+            await connection.execute(insert(schema.round_columns), [
+                {"round_id": round_.id, "position": position, **asdict(column)}
+                for position, column in enumerate(round_.columns)
+            ])
+
+    async def set_round_reply(self, round_id: str, label: str, reply_id: str) -> None:
+        """Attach a saved reply to its column; raise `RoundNotFound` for an unknown round or label."""
+        async with self._engine.begin() as connection:
+            result = await connection.execute(
+                update(schema.round_columns)
+                .where(schema.round_columns.c.round_id == round_id, schema.round_columns.c.label == label)
+                .values(reply_id=reply_id)
+            )
+            if result.rowcount == 0:
+                round_ = await _load_round(connection, round_id)
+                if round_ is None:
+                    raise RoundNotFound(f"Round {round_id} does not exist; save it before attaching replies.")
+                raise RoundNotFound(f"Round {round_id} has no column {label!r} (its columns: {', '.join(round_.labels)}).")
+
+    async def get_round(self, round_id: str) -> CompareRound | None:
+        """One round with its columns in order, or None."""
+        async with self._engine.begin() as connection:
+            return await _load_round(connection, round_id)
+
+    async def rounds(self, limit: int = 100, thread_id: str | None = None) -> list[CompareRound]:
+        """The newest rounds first, optionally of one chat."""
+        query = select(schema.compare_rounds).order_by(
+            schema.compare_rounds.c.created_at.desc(), schema.compare_rounds.c.id).limit(limit)
+        if thread_id is not None:
+            query = query.where(schema.compare_rounds.c.thread_id == thread_id)
+        async with self._engine.begin() as connection:
+            round_rows = (await connection.execute(query)).all()
+            columns = await _columns_by_round(connection, [row.id for row in round_rows])
+        return [CompareRound(**row._mapping, columns=columns[row.id]) for row in round_rows]
+
+    # --- votes -----------------------------------------------------------
+
+    async def cast_vote(self, vote: Vote) -> None:
+        """Store a vote; raise `VoteRejected` for an unknown round, a second vote, or forged content."""
+        try:
+            async with self._engine.begin() as connection:
+                round_ = await _load_round(connection, vote.round_id)
+                if round_ is None:
+                    raise VoteRejected(f"Round {vote.round_id} does not exist, so it cannot be voted on.")
+                check_vote(vote, round_)
+                if await _has_vote(connection, vote.round_id):
+                    raise _already_voted(vote.round_id)
+                await connection.execute(insert(schema.votes).values(**asdict(vote)))
+        except IntegrityError:
+            # Another cast passed the check above at the same moment; the unique constraint chose it.
+            async with self._engine.begin() as connection:
+                if await _has_vote(connection, vote.round_id):
+                    raise _already_voted(vote.round_id) from None
+            raise
+
+    async def votes(self) -> list[VoteRecord]:
+        """Every vote, oldest first, with its round's columns (label -> backend, in order)."""
+        query = (select(schema.votes, schema.compare_rounds.c.mode)
+                 .join(schema.compare_rounds, schema.compare_rounds.c.id == schema.votes.c.round_id)
+                 .order_by(schema.votes.c.created_at, schema.votes.c.id))
+        async with self._engine.begin() as connection:
+            rows = (await connection.execute(query)).all()
+            columns = await _columns_by_round(connection, [row.round_id for row in rows])
+        return [
+            VoteRecord(vote=_vote_from_row(row._mapping), mode=row.mode, columns=columns[row.round_id])
+            for row in rows
+        ]
+
+
+def _already_voted(round_id: str) -> VoteRejected:
+    return VoteRejected(f"Round {round_id} already has a vote; each round can be voted on once.")
+
+
+def _vote_from_row(row: Any) -> Vote:
+    return Vote(**{name: row[name] for name in (
+        "round_id", "outcome", "winner_label", "judgements", "comment", "user_identifier", "created_at")})
+
+
+async def _has_vote(connection: AsyncConnection, round_id: str) -> bool:
+    query = select(schema.votes.c.id).where(schema.votes.c.round_id == round_id)
+    return await connection.scalar(query) is not None
+
+
+async def _load_round(connection: AsyncConnection, round_id: str) -> CompareRound | None:
+    row = (await connection.execute(
+        select(schema.compare_rounds).where(schema.compare_rounds.c.id == round_id))).first()
+    if row is None:
+        return None
+    columns = await _columns_by_round(connection, [round_id])
+    return CompareRound(**row._mapping, columns=columns[round_id])
+
+
+async def _columns_by_round(connection: AsyncConnection,
+                            round_ids: Iterable[str]) -> dict[str, tuple[RoundColumn, ...]]:
+    round_ids = sorted(set(round_ids))
+    grouped: dict[str, list[RoundColumn]] = defaultdict(list)
+    if round_ids:
+        table = schema.round_columns
+        query = select(table).where(table.c.round_id.in_(round_ids)).order_by(table.c.round_id, table.c.position)
+        for row in await connection.execute(query):
+            grouped[row.round_id].append(RoundColumn(label=row.label, backend=row.backend, reply_id=row.reply_id))
+    return {round_id: tuple(grouped[round_id]) for round_id in round_ids}
+
+
+def _recorded_version(connection: Connection) -> int | None:
+    if not inspect(connection).has_table(schema.schema_version.name):
+        return None
+    return connection.scalar(select(func.max(schema.schema_version.c.version)))
+
+
+def _migrate(connection: Connection) -> int:
+    recorded = _recorded_version(connection)
+    if recorded is not None and recorded > schema.SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"The database is at schema version {recorded}, newer than this app's {schema.SCHEMA_VERSION}: "
+            "update the app (git pull) before using this database."
+        )
+    existing_tables = set(inspect(connection).get_table_names())
+    schema.metadata.create_all(connection)
+    _add_missing_columns(connection, existing_tables)
+    if recorded is not None:  # a fresh database is created in the newest shape: no steps to run
+        for version in range(recorded + 1, schema.SCHEMA_VERSION + 1):
+            if step := schema.MIGRATION_STEPS.get(version):
+                step(connection)
+    if recorded != schema.SCHEMA_VERSION:
+        connection.execute(insert(schema.schema_version).values(version=schema.SCHEMA_VERSION, applied_at=utc_now()))
+    return schema.SCHEMA_VERSION
+
+
+def _add_missing_columns(connection: Connection, existing_tables: set[str]) -> None:
+    """ALTER TABLE ... ADD COLUMN for every column the schema has and an older table lacks."""
+    inspector = inspect(connection)
+    preparer = connection.dialect.identifier_preparer
+    for table in schema.metadata.sorted_tables:
+        if table.name not in existing_tables:
+            continue
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present:
+                definition = CreateColumn(column).compile(dialect=connection.dialect)
+                connection.exec_driver_sql(f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {definition}")

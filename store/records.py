@@ -1,0 +1,170 @@
+"""What the app stores and reads back: frozen dataclasses, times in UTC.
+
+A `StoredReply` is one streamed answer with its figures; a `CompareRound`
+is a compare or blind round (which backend ran in which column); a `Vote`
+is the user's verdict on a round. `check_vote` holds the rules a vote must
+follow; it is pure so the rules can be tested without a database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from store.errors import VoteRejected
+
+REPLY_MODES = ("chat", "compare", "blind", "replay")
+REPLY_STATUSES = ("completed", "stopped", "error")
+ROUND_MODES = ("compare", "blind")
+RUN_ORDERS = ("sequential", "concurrent")
+VOTE_OUTCOMES = ("win", "tie", "both_bad")
+JUDGEMENTS = ("good", "bad")
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _require_choice(owner: str, name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{owner}.{name} is {value!r}; expected one of {', '.join(choices)}")
+
+
+def _require_aware(owner: str, value: datetime) -> None:
+    if value.tzinfo is None:
+        raise ValueError(f"{owner}.created_at {value!r} has no time zone; use datetime.now(timezone.utc)")
+
+
+@dataclass(frozen=True)
+class StoredReply:
+    """One reply as it finished: who answered, what was sent, and every figure measured."""
+
+    id: str  # the Chainlit step id of the reply message
+    thread_id: str | None
+    user_identifier: str | None
+    created_at: datetime
+    backend: str  # the configured backend name
+    backend_label: str
+    model: str
+    mode: str  # chat | compare | blind | replay
+    round_id: str | None
+    column_label: str | None  # "A".."D" in a compare or blind round
+    prompt: str
+    reply_text: str
+    status: str  # completed | stopped | error
+    first_token_s: float | None
+    decode_tokens_per_s: float | None
+    output_tokens: int
+    total_s: float
+    ms_per_output_token: float | None
+    settings_sent: dict[str, Any]  # what was sent to the engine
+    record: dict[str, Any]  # the full measurement, including the timeline of chunk times
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _require_choice("StoredReply", "mode", self.mode, REPLY_MODES)
+        _require_choice("StoredReply", "status", self.status, REPLY_STATUSES)
+        _require_aware("StoredReply", self.created_at)
+
+
+@dataclass(frozen=True)
+class RoundColumn:
+    """One column of a round: its label, the backend that ran there, and its reply once saved."""
+
+    label: str
+    backend: str
+    reply_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CompareRound:
+    """One prompt sent to several backends side by side (`compare`) or anonymously (`blind`)."""
+
+    id: str
+    thread_id: str | None
+    user_identifier: str | None
+    created_at: datetime
+    prompt: str
+    mode: str  # compare | blind
+    run_order: str  # sequential | concurrent
+    columns: tuple[RoundColumn, ...]
+
+    def __post_init__(self) -> None:
+        _require_choice("CompareRound", "mode", self.mode, ROUND_MODES)
+        _require_choice("CompareRound", "run_order", self.run_order, RUN_ORDERS)
+        _require_aware("CompareRound", self.created_at)
+        object.__setattr__(self, "columns", tuple(self.columns))
+        labels = self.labels
+        if len(labels) < 2 or len(set(labels)) != len(labels):
+            raise ValueError(f"CompareRound.columns need two or more distinct labels, got {list(labels)}")
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(column.label for column in self.columns)
+
+    def column(self, label: str) -> RoundColumn | None:
+        return next((column for column in self.columns if column.label == label), None)
+
+
+@dataclass(frozen=True)
+class Vote:
+    """The user's verdict on a round: a winner, a tie, or both bad, with optional per-column judgements."""
+
+    round_id: str
+    outcome: str  # win | tie | both_bad
+    winner_label: str | None = None
+    judgements: dict[str, str] = field(default_factory=dict)  # label -> good | bad
+    comment: str = ""
+    user_identifier: str | None = None
+    created_at: datetime = field(default_factory=utc_now)
+
+    def __post_init__(self) -> None:
+        _require_aware("Vote", self.created_at)
+
+
+@dataclass(frozen=True)
+class VoteRecord:
+    """A stored vote with its round's columns, in column order: what a leaderboard needs."""
+
+    vote: Vote
+    mode: str
+    columns: tuple[RoundColumn, ...]
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backend of each column, in column order."""
+        return tuple(column.backend for column in self.columns)
+
+    @property
+    def winner_backend(self) -> str | None:
+        """The winning column's backend name (None for a tie or both bad)."""
+        if self.vote.winner_label is None:
+            return None
+        return next(column.backend for column in self.columns if column.label == self.vote.winner_label)
+
+
+def check_vote(vote: Vote, round_: CompareRound) -> None:
+    """Raise `VoteRejected` unless `vote` is a consistent verdict on `round_`'s columns."""
+    labels = round_.labels
+    shown = ", ".join(labels)
+    if vote.outcome not in VOTE_OUTCOMES:
+        raise VoteRejected(f"Vote outcome {vote.outcome!r} is not one of {', '.join(VOTE_OUTCOMES)}.")
+    if vote.outcome == "win":
+        if vote.winner_label is None:
+            raise VoteRejected("A 'win' vote must name the winning column.")
+        if vote.winner_label not in labels:
+            raise VoteRejected(
+                f"Winner {vote.winner_label!r} is not a column of round {round_.id} (its columns: {shown})."
+            )
+    elif vote.winner_label is not None:
+        raise VoteRejected(f"A {vote.outcome!r} vote has no winner, but column {vote.winner_label!r} was named.")
+    for label, judgement in vote.judgements.items():
+        if label not in labels:
+            raise VoteRejected(f"Judgement for {label!r}, which is not a column of round {round_.id} (its columns: {shown}).")
+        if judgement not in JUDGEMENTS:
+            raise VoteRejected(f"Judgement {judgement!r} for column {label} is not one of {', '.join(JUDGEMENTS)}.")
+    if vote.outcome == "win" and vote.judgements.get(vote.winner_label) == "bad":
+        raise VoteRejected(f"Column {vote.winner_label} cannot both win and be judged bad.")
+    if vote.outcome == "both_bad" and "good" in vote.judgements.values():
+        raise VoteRejected("A 'both_bad' vote cannot judge a column good.")

@@ -1,0 +1,225 @@
+"""The database schema: Chainlit's history tables and the app's own.
+
+Chainlit's `SQLAlchemyDataLayer` (2.12) writes raw SQL with quoted camelCase
+column names, so its tables below mirror exactly the columns it reads and
+writes. Ids are UUID strings stored as text on both databases; JSON is JSONB
+on PostgreSQL and JSON text on SQLite; `tags` is a text array on PostgreSQL
+and a JSON list on SQLite (store/chainlit_layer.py bridges what Chainlit sends).
+
+The app's tables: `replies` (one per streamed answer, with its figures),
+`compare_rounds` + `round_columns` (a compare or blind round and which backend
+each column ran), `votes` (at most one per round, enforced by a unique
+constraint) and `schema_version` (what `Store.migrate()` has applied).
+
+Changing the schema: bump `SCHEMA_VERSION`. A new table or a new column needs
+nothing else (migrate() creates missing tables and adds missing columns; a new
+column must be nullable or have a server default). Anything else (renames,
+type changes, data fixes) goes in `MIGRATION_STEPS[version]`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Callable
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.engine import Connection
+from sqlalchemy.types import TypeDecorator
+
+SCHEMA_VERSION = 1
+
+# Steps that bring an existing database from version N-1 to N, beyond adding
+# tables and columns. Each takes the open (synchronous) connection.
+MIGRATION_STEPS: dict[int, Callable[[Connection], None]] = {}
+
+JsonDocument = JSON().with_variant(JSONB(), "postgresql")
+TextList = JSON().with_variant(ARRAY(Text()), "postgresql")
+
+
+class UtcDateTime(TypeDecorator):
+    """A timezone-aware datetime, stored in UTC, read back in UTC on both databases."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware one, e.g. datetime.now(timezone.utc)")
+        value = value.astimezone(timezone.utc)
+        # SQLite has no time zones: keep the UTC wall time.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+metadata = MetaData()
+
+# --- Chainlit's tables (chainlit/data/sql_alchemy.py in chainlit 2.12.0) -----
+
+users = Table(
+    "users", metadata,
+    Column("id", Text, primary_key=True),
+    Column("identifier", Text, nullable=False, unique=True),
+    Column("createdAt", Text),
+    Column("metadata", JsonDocument, nullable=False),
+)
+
+threads = Table(
+    "threads", metadata,
+    Column("id", Text, primary_key=True),
+    Column("createdAt", Text),
+    Column("name", Text),
+    Column("userId", Text, ForeignKey("users.id", ondelete="CASCADE")),
+    Column("userIdentifier", Text),
+    Column("tags", TextList),
+    Column("metadata", JsonDocument),
+    Index("ix_threads_userId", "userId"),
+)
+
+steps = Table(
+    "steps", metadata,
+    Column("id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("threadId", Text, ForeignKey("threads.id", ondelete="CASCADE"), nullable=False),
+    Column("parentId", Text),
+    Column("command", Text),
+    Column("modes", JsonDocument),
+    Column("streaming", Boolean, nullable=False),
+    Column("waitForAnswer", Boolean),
+    Column("isError", Boolean),
+    Column("metadata", JsonDocument),
+    Column("tags", TextList),
+    Column("input", Text),
+    Column("output", Text),
+    Column("createdAt", Text),
+    Column("start", Text),
+    Column("end", Text),
+    Column("generation", JsonDocument),
+    Column("showInput", Text),
+    Column("language", Text),
+    Column("defaultOpen", Boolean),
+    Column("autoCollapse", Boolean),
+    Index("ix_steps_threadId", "threadId"),
+)
+
+elements = Table(
+    "elements", metadata,
+    Column("id", Text, primary_key=True),
+    Column("threadId", Text, ForeignKey("threads.id", ondelete="CASCADE")),
+    Column("type", Text),
+    Column("url", Text),
+    Column("chainlitKey", Text),
+    Column("name", Text, nullable=False),
+    Column("display", Text),
+    Column("objectKey", Text),
+    Column("size", Text),
+    Column("page", Integer),
+    Column("autoPlay", Boolean),
+    Column("playerConfig", JsonDocument),
+    Column("language", Text),
+    Column("forId", Text),
+    Column("mime", Text),
+    Column("props", JsonDocument),
+    Index("ix_elements_threadId", "threadId"),
+)
+
+feedbacks = Table(
+    "feedbacks", metadata,
+    Column("id", Text, primary_key=True),
+    Column("forId", Text, nullable=False),
+    Column("threadId", Text, ForeignKey("threads.id", ondelete="CASCADE")),
+    Column("value", Integer, nullable=False),
+    Column("comment", Text),
+    Index("ix_feedbacks_forId", "forId"),
+)
+
+CHAINLIT_TABLES = ("users", "threads", "steps", "elements", "feedbacks")
+
+# --- The app's tables -------------------------------------------------------
+
+replies = Table(
+    "replies", metadata,
+    Column("id", Text, primary_key=True),  # the Chainlit step id of the reply message
+    Column("thread_id", Text, index=True),  # no foreign key: a reply outlives a deleted chat
+    Column("user_identifier", Text),
+    Column("created_at", UtcDateTime, nullable=False, index=True),
+    Column("backend", Text, nullable=False, index=True),
+    Column("backend_label", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("mode", Text, nullable=False),
+    Column("round_id", Text, index=True),
+    Column("column_label", Text),
+    Column("prompt", Text, nullable=False),
+    Column("reply_text", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("first_token_s", Float),
+    Column("decode_tokens_per_s", Float),
+    Column("output_tokens", Integer, nullable=False),
+    Column("total_s", Float, nullable=False),
+    Column("ms_per_output_token", Float),
+    Column("settings_sent", JsonDocument, nullable=False),
+    Column("record", JsonDocument, nullable=False),
+    Column("error", Text),
+)
+
+compare_rounds = Table(
+    "compare_rounds", metadata,
+    Column("id", Text, primary_key=True),
+    Column("thread_id", Text, index=True),
+    Column("user_identifier", Text),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("prompt", Text, nullable=False),
+    Column("mode", Text, nullable=False),
+    Column("run_order", Text, nullable=False),
+)
+
+round_columns = Table(
+    "round_columns", metadata,
+    Column("round_id", Text, ForeignKey("compare_rounds.id", ondelete="CASCADE"), nullable=False),
+    Column("label", Text, nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("backend", Text, nullable=False),
+    Column("reply_id", Text, ForeignKey("replies.id")),
+    PrimaryKeyConstraint("round_id", "label"),
+)
+
+votes = Table(
+    "votes", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("round_id", Text, ForeignKey("compare_rounds.id", ondelete="CASCADE"), nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("winner_label", Text),
+    Column("judgements", JsonDocument, nullable=False),
+    Column("comment", Text, nullable=False),
+    Column("user_identifier", Text),
+    Column("created_at", UtcDateTime, nullable=False),
+    # One vote per round, decided by the database so two concurrent casts cannot both win.
+    UniqueConstraint("round_id", name="uq_votes_round_id"),
+)
+
+schema_version = Table(
+    "schema_version", metadata,
+    Column("version", Integer, primary_key=True),
+    Column("applied_at", UtcDateTime, nullable=False),
+)

@@ -1,0 +1,445 @@
+"""The storage layer against a SQLite file and a real PostgreSQL cluster.
+
+Every database test runs on both: a fresh SQLite file in tmp_path, and a fresh
+database on the throwaway cluster from tests/fixtures_postgres.py. "Restart"
+means closing the Store (its engine and every connection) and opening a new
+one on the same URL, as the app does when it starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import insert, text
+from sqlalchemy.exc import IntegrityError
+
+from store import (
+    SCHEMA_VERSION,
+    CompareRound,
+    ConfigurationError,
+    DatabaseUnavailable,
+    RoundColumn,
+    RoundNotFound,
+    SchemaTooNew,
+    Store,
+    StoredReply,
+    Vote,
+    VoteRejected,
+    database_url,
+    mask_password,
+    normalise_url,
+)
+from store import schema
+from store.db import create_engine
+from store.urls import DEFAULT_SQLITE_PATH, REPO
+from tests.fixtures_postgres import POSTGRES_PASSWORD, new_postgres_database
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def db_url(request, tmp_path) -> str:
+    """A normalised URL of an empty database of each kind."""
+    if request.param == "sqlite":
+        return normalise_url(f"sqlite:///{tmp_path}/serving_lab.db")
+    return normalise_url(await new_postgres_database(request.getfixturevalue("postgres_url")))
+
+
+@pytest.fixture
+async def store(db_url):
+    store = await Store.open(db_url)
+    await store.migrate()
+    yield store
+    await store.aclose()
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def make_reply(*, thread_id: str | None, backend: str = "vllm", mode: str = "chat", round_id: str | None = None,
+               column_label: str | None = None, created_at: datetime = T0, status: str = "completed") -> StoredReply:
+    return StoredReply(
+        id=new_id(), thread_id=thread_id, user_identifier="alice", created_at=created_at,
+        backend=backend, backend_label=backend.upper(), model="SmolLM2-135M-Instruct", mode=mode,
+        round_id=round_id, column_label=column_label, prompt="Why is the sky blue? 天空",
+        reply_text="Rayleigh scattering. 瑞利散射", status=status, first_token_s=0.25, decode_tokens_per_s=61.5,
+        output_tokens=42, total_s=0.92, ms_per_output_token=16.3,
+        settings_sent={"temperature": 0.7, "top_p": 0.9, "max_tokens": 256, "stop": None},
+        record={"timeline_s": [0.25, 0.27, 0.3], "token_counts": [1, 2, 1], "server": {"ttft_s": 0.2}},
+        error="stopped by user" if status == "stopped" else None,
+    )
+
+
+def make_round(*, thread_id: str | None = None, mode: str = "compare",
+               backends: tuple[str, ...] = ("llama_cpp", "vllm", "tgi")) -> CompareRound:
+    return CompareRound(
+        id=new_id(), thread_id=thread_id, user_identifier="alice", created_at=T0,
+        prompt="Compare me", mode=mode, run_order="concurrent",
+        columns=tuple(RoundColumn(label=label, backend=backend) for label, backend in zip("ABCD", backends)),
+    )
+
+
+# --- schema and migrations ---------------------------------------------------
+
+async def test_migrate_twice_is_harmless_and_records_the_version(db_url):
+    async with await Store.open(db_url) as store:
+        assert await store.schema_version() is None
+        assert await store.migrate() == SCHEMA_VERSION
+        reply = make_reply(thread_id=new_id())
+        await store.save_reply(reply)
+        assert await store.migrate() == SCHEMA_VERSION
+        assert await store.schema_version() == SCHEMA_VERSION
+        counts = await store.row_counts()
+    assert set(counts) == set(schema.metadata.tables)
+    assert counts["schema_version"] == 1 and counts["replies"] == 1
+
+
+async def test_migrate_adds_a_column_missing_from_an_older_database(store, db_url):
+    engine = create_engine(db_url)
+    async with engine.begin() as connection:
+        await connection.execute(text("ALTER TABLE replies DROP COLUMN error"))
+    await engine.dispose()
+    await store.migrate()
+    reply = make_reply(thread_id=new_id(), status="stopped")
+    await store.save_reply(reply)
+    assert await store.replies_for_thread(reply.thread_id) == [reply]
+
+
+async def test_a_database_from_a_newer_app_is_refused(store, db_url):
+    engine = create_engine(db_url)
+    async with engine.begin() as connection:
+        await connection.execute(insert(schema.schema_version).values(version=SCHEMA_VERSION + 1, applied_at=T0))
+    await engine.dispose()
+    with pytest.raises(SchemaTooNew, match="newer than this app"):
+        await store.migrate()
+
+
+# --- survives a restart --------------------------------------------------------
+
+async def test_reply_round_and_vote_survive_a_restart(db_url):
+    thread_id = new_id()
+    round_ = make_round(thread_id=thread_id)
+    chat_reply = make_reply(thread_id=thread_id, created_at=T0 - timedelta(minutes=1))
+    column_replies = [
+        make_reply(thread_id=thread_id, backend=column.backend, mode="compare", round_id=round_.id,
+                   column_label=column.label, created_at=T0 + timedelta(seconds=i))
+        for i, column in enumerate(round_.columns)
+    ]
+    vote = Vote(round_id=round_.id, outcome="win", winner_label="B", judgements={"A": "bad", "B": "good"},
+                comment="B was faster and right", user_identifier="alice", created_at=T0 + timedelta(minutes=2))
+
+    async with await Store.open(db_url) as store:
+        await store.migrate()
+        await store.save_reply(chat_reply)
+        await store.save_round(round_)
+        for reply in column_replies:
+            await store.save_reply(reply)
+            await store.set_round_reply(round_.id, reply.column_label, reply.id)
+        await store.cast_vote(vote)
+
+    async with await Store.open(db_url) as store:  # the app starting again
+        await store.migrate()
+        assert await store.replies_for_thread(thread_id) == [chat_reply, *column_replies]
+        saved_round = await store.get_round(round_.id)
+        assert saved_round == replace(round_, columns=tuple(
+            replace(column, reply_id=reply.id) for column, reply in zip(round_.columns, column_replies)))
+        assert await store.rounds(thread_id=thread_id) == [saved_round]
+        [record] = await store.votes()
+        assert record.vote == vote
+        assert record.mode == "compare"
+        assert record.backends == ("llama_cpp", "vllm", "tgi")
+        assert record.winner_backend == "vllm"
+        assert chat_reply.created_at.tzinfo is not None
+        with pytest.raises(VoteRejected, match="already has a vote"):
+            await store.cast_vote(replace(vote, outcome="tie", winner_label=None))
+
+
+async def test_replies_newest_first_filtered_by_backend_and_time(store):
+    thread_id = new_id()
+    saved = [make_reply(thread_id=thread_id, backend=backend, created_at=T0 + timedelta(minutes=i))
+             for i, backend in enumerate(["vllm", "tgi", "vllm", "llama_cpp"])]
+    for reply in saved:
+        await store.save_reply(reply)
+    assert await store.replies() == saved[::-1]
+    assert await store.replies(limit=2) == saved[:1:-1]
+    assert await store.replies(backend="vllm") == [saved[2], saved[0]]
+    assert await store.replies(since=T0 + timedelta(minutes=1)) == saved[:0:-1]
+    # The same instant given in another time zone selects the same rows.
+    tokyo = timezone(timedelta(hours=9))
+    assert await store.replies(since=(T0 + timedelta(minutes=2)).astimezone(tokyo)) == saved[:1:-1]
+
+
+# --- votes ------------------------------------------------------------------
+
+async def test_vote_for_an_unknown_round_is_rejected(store):
+    missing = new_id()
+    with pytest.raises(VoteRejected, match=f"Round {missing} does not exist"):
+        await store.cast_vote(Vote(round_id=missing, outcome="tie"))
+    assert await store.votes() == []
+
+
+@pytest.mark.parametrize("vote_fields, message", [
+    ({"outcome": "win", "winner_label": "Z"}, r"Winner 'Z' is not a column of round .* \(its columns: A, B, C\)"),
+    ({"outcome": "win"}, "must name the winning column"),
+    ({"outcome": "tie", "winner_label": "A"}, "'tie' vote has no winner"),
+    ({"outcome": "landslide"}, "outcome 'landslide' is not one of win, tie, both_bad"),
+    ({"outcome": "tie", "judgements": {"E": "good"}}, "Judgement for 'E', which is not a column"),
+    ({"outcome": "tie", "judgements": {"A": "great"}}, "Judgement 'great' for column A is not one of good, bad"),
+    ({"outcome": "win", "winner_label": "A", "judgements": {"A": "bad"}}, "cannot both win and be judged bad"),
+    ({"outcome": "both_bad", "judgements": {"B": "good"}}, "cannot judge a column good"),
+])
+async def test_forged_votes_are_rejected_and_leave_the_round_open(store, vote_fields, message):
+    round_ = make_round()
+    await store.save_round(round_)
+    with pytest.raises(VoteRejected, match=message):
+        await store.cast_vote(Vote(round_id=round_.id, **vote_fields))
+    await store.cast_vote(Vote(round_id=round_.id, outcome="both_bad", judgements={"A": "bad"}))
+    assert [record.vote.outcome for record in await store.votes()] == ["both_bad"]
+
+
+async def test_a_second_vote_is_rejected(store):
+    round_ = make_round(mode="blind", backends=("vllm", "tgi"))
+    await store.save_round(round_)
+    await store.cast_vote(Vote(round_id=round_.id, outcome="win", winner_label="A"))
+    with pytest.raises(VoteRejected, match=f"Round {round_.id} already has a vote; each round can be voted on once"):
+        await store.cast_vote(Vote(round_id=round_.id, outcome="win", winner_label="B"))
+    [record] = await store.votes()
+    assert (record.mode, record.winner_backend) == ("blind", "vllm")
+
+
+async def test_two_concurrent_votes_on_a_round_exactly_one_wins(store):
+    round_ = make_round()
+    await store.save_round(round_)
+    outcomes = await asyncio.gather(
+        *(store.cast_vote(Vote(round_id=round_.id, outcome="win", winner_label=label)) for label in "ABC"),
+        return_exceptions=True,
+    )
+    assert sorted(type(outcome).__name__ for outcome in outcomes) == ["NoneType", "VoteRejected", "VoteRejected"]
+    assert all("already has a vote" in str(outcome) for outcome in outcomes if outcome is not None)
+    assert len(await store.votes()) == 1
+
+
+async def test_the_database_itself_refuses_a_second_vote(store, db_url):
+    round_ = make_round()
+    await store.save_round(round_)
+    await store.cast_vote(Vote(round_id=round_.id, outcome="tie"))
+    engine = create_engine(db_url)
+    try:
+        with pytest.raises(IntegrityError):
+            async with engine.begin() as connection:  # around the Store's checks
+                await connection.execute(insert(schema.votes).values(
+                    round_id=round_.id, outcome="tie", judgements={}, comment="", created_at=T0))
+    finally:
+        await engine.dispose()
+
+
+async def test_attaching_a_reply_to_an_unknown_round_or_column(store):
+    round_ = make_round(backends=("vllm", "tgi"))
+    await store.save_round(round_)
+    reply = make_reply(thread_id=None, mode="compare", round_id=round_.id, column_label="A")
+    await store.save_reply(reply)
+    with pytest.raises(RoundNotFound, match=r"has no column 'C' \(its columns: A, B\)"):
+        await store.set_round_reply(round_.id, "C", reply.id)
+    with pytest.raises(RoundNotFound, match="does not exist"):
+        await store.set_round_reply(new_id(), "A", reply.id)
+    assert await store.get_round(new_id()) is None
+
+
+# --- Chainlit's data layer on the same database --------------------------------
+
+async def test_chainlit_history_on_the_same_database(store, db_url, monkeypatch, caplog):
+    import logging
+
+    import chainlit.data
+    from chainlit.context import init_http_context
+    from chainlit.data.storage_clients.base import BaseStorageClient
+    from chainlit.element import CustomElement
+    from chainlit.types import Feedback, Pagination, ThreadFilter
+    from chainlit.user import User
+
+    from store.chainlit_layer import chainlit_data_layer
+
+    class MemoryStorage(BaseStorageClient):
+        """Chainlit keeps elements only through a storage client; this one keeps them in memory."""
+
+        def __init__(self) -> None:
+            self.files: dict[str, bytes | str] = {}
+
+        async def upload_file(self, object_key, data, mime="application/octet-stream", overwrite=True,
+                              content_disposition=None):
+            self.files[object_key] = data
+            return {"object_key": object_key, "url": f"memory://{object_key}"}
+
+        async def delete_file(self, object_key):
+            return self.files.pop(object_key, None) is not None
+
+        async def get_read_url(self, object_key):
+            return f"memory://{object_key}"
+
+        async def close(self):
+            pass
+
+    storage = MemoryStorage()
+    layer = chainlit_data_layer(db_url, storage_provider=storage)
+    # What @cl.data_layer gives the app; an HTTP context (as Chainlit's REST routes use) writes at once.
+    monkeypatch.setattr(chainlit.data, "_data_layer", layer)
+    monkeypatch.setattr(chainlit.data, "_data_layer_initialized", True)
+    thread_id, user_step_id, reply_step_id = new_id(), new_id(), new_id()
+    init_http_context(thread_id=thread_id)
+    try:
+        alice = await layer.create_user(User(identifier="alice", metadata={"role": "tester"}))
+        bob = await layer.create_user(User(identifier="bob"))
+        assert alice.metadata == {"role": "tester"}
+        assert (await layer.get_user("alice")).id == alice.id
+
+        await layer.update_thread(thread_id, name="Why is the sky blue?", user_id=alice.id,
+                                  metadata={"chat_settings": {"backend": "vllm"}}, tags=["compare"])
+        await layer.create_step({
+            "id": user_step_id, "threadId": thread_id, "name": "alice", "type": "user_message",
+            "output": "Why is the sky blue?", "createdAt": "2025-03-01T12:00:00.000Z",
+            "start": "2025-03-01T12:00:00.000Z", "end": "2025-03-01T12:00:00.000Z",
+            "streaming": False, "isError": False, "waitForAnswer": False, "metadata": {}, "tags": None,
+        })
+        await layer.create_step({
+            "id": reply_step_id, "threadId": thread_id, "parentId": None, "name": "vLLM",
+            "type": "assistant_message", "output": "Rayleigh scattering. 瑞利散射",
+            "createdAt": "2025-03-01T12:00:01.000Z", "start": "2025-03-01T12:00:01.000Z",
+            "end": "2025-03-01T12:00:02.000Z", "streaming": False, "isError": False, "waitForAnswer": False,
+            "metadata": {"backend": "vllm", "first_token_s": 0.25}, "tags": ["reply"], "modes": {"engine": "vllm"},
+        })
+        reply = make_reply(thread_id=thread_id)
+        await store.save_reply(replace(reply, id=reply_step_id))
+        figures = CustomElement(name="Metrics", props={"first_token_s": 0.25, "decode_tokens_per_s": 61.5},
+                                display="inline", for_id=reply_step_id, thread_id=thread_id)
+        await layer.create_element(figures)
+        feedback_id = await layer.upsert_feedback(Feedback(forId=reply_step_id, threadId=thread_id, value=1,
+                                                           comment="fast"))
+
+        alices = await layer.list_threads(Pagination(first=20), ThreadFilter(userId=alice.id))
+        assert [thread["id"] for thread in alices.data] == [thread_id]
+        bobs = await layer.list_threads(Pagination(first=20), ThreadFilter(userId=bob.id))
+        assert bobs.data == []
+        assert await layer.get_thread_author(thread_id) == "alice"
+
+        thread = await layer.get_thread(thread_id)
+        assert thread["name"] == "Why is the sky blue?"
+        assert thread["metadata"] == {"chat_settings": {"backend": "vllm"}}
+        assert thread["tags"] == ["compare"]
+        user_step, reply_step = thread["steps"]
+        assert (user_step["id"], user_step["type"], user_step["output"]) == (
+            user_step_id, "user_message", "Why is the sky blue?")
+        assert (reply_step["id"], reply_step["output"]) == (reply_step_id, "Rayleigh scattering. 瑞利散射")
+        assert reply_step["metadata"] == {"backend": "vllm", "first_token_s": 0.25}
+        assert reply_step["tags"] == ["reply"]
+        assert reply_step["streaming"] is False and reply_step["isError"] is False
+        assert reply_step["feedback"] == {"forId": reply_step_id, "id": feedback_id, "value": 1, "comment": "fast"}
+        [element] = thread["elements"]
+        assert (element["id"], element["forId"], element["name"]) == (figures.id, reply_step_id, "Metrics")
+        assert element["props"] == {"first_token_s": 0.25, "decode_tokens_per_s": 61.5}
+
+        # The app's reply row and Chainlit's message share the step id.
+        assert [saved.id for saved in await store.replies_for_thread(thread_id)] == [reply_step_id]
+
+        # Chainlit's layer logs and swallows every SQL error: a silent failure would show here.
+        assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+
+        await layer.delete_thread(thread_id)
+        assert await layer.get_thread(thread_id) is None
+        assert (await store.row_counts())["feedbacks"] == 0
+        assert storage.files == {}
+        # A reply's figures outlive the deleted chat (they feed the leaderboard).
+        assert len(await store.replies_for_thread(thread_id)) == 1
+        assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+    finally:
+        await layer.close()
+
+
+# --- configuration -----------------------------------------------------------
+
+@pytest.mark.parametrize("given, expected", [
+    ("postgresql://u:pw@db.example:5432/lab", "postgresql+asyncpg://u:pw@db.example:5432/lab"),
+    ("postgres://u:pw@db.example/lab", "postgresql+asyncpg://u:pw@db.example/lab"),
+    ("postgresql+asyncpg://u@db.example/lab?ssl=require", "postgresql+asyncpg://u@db.example/lab?ssl=require"),
+    ("sqlite:////var/lib/lab/lab.db", "sqlite+aiosqlite:////var/lib/lab/lab.db"),
+    ("sqlite+aiosqlite:////var/lib/lab/lab.db", "sqlite+aiosqlite:////var/lib/lab/lab.db"),
+    ("sqlite:///.data/other.db", f"sqlite+aiosqlite:///{REPO}/.data/other.db"),
+])
+def test_urls_are_normalised_to_the_async_drivers(given, expected):
+    assert normalise_url(given) == expected
+
+
+@pytest.mark.parametrize("given, message", [
+    ("mysql://u:hunter2@h/db", "'mysql', which this app does not support. Use one of: sqlite:///"),
+    ("postgresql+psycopg2://u:hunter2@h/db", "'postgresql+psycopg2', which this app does not support"),
+    ("postgresql://u:hunter2@h", "names no database"),
+    ("sqlite:///:memory:", "in-memory SQLite"),
+    ("sqlite://", "in-memory SQLite"),
+    ("not a url", "is not a database URL"),
+])
+def test_unusable_urls_say_what_to_use_and_hide_the_password(given, message):
+    with pytest.raises(ConfigurationError, match=re.escape(message)) as raised:
+        normalise_url(given)
+    assert "hunter2" not in str(raised.value)
+
+
+def test_default_is_the_sqlite_file_in_the_repository():
+    assert database_url({}) == f"sqlite+aiosqlite:///{DEFAULT_SQLITE_PATH}"
+    assert database_url({"DATABASE_URL": "  "}) == f"sqlite+aiosqlite:///{DEFAULT_SQLITE_PATH}"
+    assert DEFAULT_SQLITE_PATH == REPO / ".data" / "serving_lab.db"
+    assert database_url({"DATABASE_URL": "postgres://u:pw@h/lab"}) == "postgresql+asyncpg://u:pw@h/lab"
+
+
+def test_passwords_are_masked():
+    assert mask_password("postgresql+asyncpg://lab:s3cr%40t@h:5432/lab") == "postgresql+asyncpg://lab:***@h:5432/lab"
+    assert mask_password("postgresql://lab@h/lab") == "postgresql://lab@h/lab"
+    assert mask_password("sqlite+aiosqlite:////tmp/x.db") == "sqlite+aiosqlite:////tmp/x.db"
+
+
+async def test_an_unreachable_database_is_a_clear_error(postgres_url, tmp_path):
+    from tests.servers import free_port
+
+    with pytest.raises(DatabaseUnavailable, match=r"Cannot open the database at postgresql\+asyncpg://postgres:\*\*\*@") as raised:
+        await Store.open(f"postgresql://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{free_port()}/lab")
+    assert POSTGRES_PASSWORD not in str(raised.value)
+    wrong_password = postgres_url.replace(POSTGRES_PASSWORD, "wrong-password")
+    with pytest.raises(DatabaseUnavailable, match="password authentication failed") as raised:
+        await Store.open(wrong_password)
+    assert "wrong-password" not in str(raised.value)
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(DatabaseUnavailable, match="Cannot open the database at sqlite"):
+        await Store.open(f"sqlite:///{tmp_path}/a-file/lab.db")
+
+
+async def test_open_without_a_url_reads_database_url(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path}/from-env/lab.db")
+    async with await Store.open() as store:
+        assert store.url == f"sqlite+aiosqlite:///{tmp_path}/from-env/lab.db"
+        await store.migrate()
+    assert (tmp_path / "from-env" / "lab.db").is_file()
+
+
+def test_init_and_info_commands(db_url):
+    env = {**os.environ, "DATABASE_URL": db_url}
+    run = [sys.executable, "-m", "store"]
+    info = subprocess.run([*run, "info"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
+    assert "not initialised: run `python -m store init`" in info.stdout
+    init = subprocess.run([*run, "init"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert init.returncode == 0, init.stderr
+    assert f"(schema version {SCHEMA_VERSION})" in init.stdout
+    info = subprocess.run([*run, "info"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert f"Schema version: {SCHEMA_VERSION}\n" in info.stdout
+    assert "  replies                0 rows" in info.stdout
+    assert POSTGRES_PASSWORD not in info.stdout + init.stdout
+    bad = subprocess.run([*run, "info"], env={**env, "DATABASE_URL": "mysql://u:hunter2@h/db"}, cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "does not support" in bad.stderr and "hunter2" not in bad.stderr
