@@ -71,6 +71,12 @@ if [ "$with_tests" = 1 ]; then
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
   fi
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    step "Installing Debian's postgresql (the storage tests start a throwaway cluster)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends postgresql
+  fi
   step "Setting up vLLM (CPU build) in .venv-vllm and converting the bundled model"
   bash scripts/vllm_server.sh --setup-only
 fi
