@@ -1,24 +1,64 @@
-"""Serving Lab: chat with vLLM, TGI or llama.cpp and watch TTFT and tokens/s live.
+"""Serving Lab: chat with vLLM, TGI or llama.cpp, compare them side by side, and watch
+TTFT and tokens/s live.
 
 Start with `chainlit run app.py -w`. The handlers stay thin; the work is in
-chat/session.py (UI flow), chat/live.py (rendering), timing.py (measurement)
-and backends/ (one interface, one file per serving stack).
+chat/ (the reply flow, rounds, reports), compare/ (rounds and ratings),
+timing.py (measurement), store/ (the database) and backends/ (one interface,
+one file per serving stack).
 """
 
 import logging
 
 import chainlit as cl
 
-from chat import session
+from chat import commands, rounds_view, session
+from chat.auth import current_config
+from config import load_env
+from store import StoreError
+from store.db import migrate_blocking
 
 # Under `chainlit run -w`, every refresh of the live figures writes a file under
 # .files/, and the file watcher would log each one (~10 lines a second).
 logging.getLogger("watchfiles.main").setLevel(logging.WARNING)
 
+load_env()
+AUTH = current_config()
+
+try:
+    # The tables exist before Chainlit's data layer first touches them (a login reads users).
+    migrate_blocking()
+except StoreError as error:
+    # The chat works without it; each new chat says that replies are not being kept.
+    logging.getLogger(__name__).error("storage unavailable, history and votes are off: %s", error)
+
+    @cl.data_layer
+    def data_layer():
+        return None  # else Chainlit would start its own layer on DATABASE_URL, with another schema
+else:
+    from store.chainlit_layer import chainlit_data_layer
+
+    @cl.data_layer
+    def data_layer():
+        return chainlit_data_layer()
+
+
+if AUTH.enabled:
+    @cl.password_auth_callback
+    def login(username: str, password: str) -> cl.User | None:
+        if not AUTH.check(username, password):
+            return None
+        return cl.User(identifier=username, metadata={"teacher": AUTH.is_teacher(username)})
+
 
 @cl.on_chat_start
 async def on_chat_start() -> None:
-    await session.start()
+    await session.start(actions=commands.report_actions())
+    await commands.announce_commands()
+
+
+@cl.on_chat_resume
+async def on_chat_resume(thread: dict) -> None:
+    await session.resume(thread)
 
 
 @cl.on_settings_update
@@ -28,9 +68,29 @@ async def on_settings_update(values: dict) -> None:
 
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
-    await session.reply(message.content)
+    await commands.on_message(message)
 
 
 @cl.action_callback("retry")
 async def on_retry(action: cl.Action) -> None:
-    await session.retry()
+    await commands.retry()
+
+
+@cl.action_callback("vote")
+async def on_vote(action: cl.Action) -> dict:
+    return await rounds_view.vote(action.payload)
+
+
+@cl.action_callback("leaderboard")
+async def on_leaderboard(action: cl.Action) -> None:
+    await commands.run_action("leaderboard")
+
+
+@cl.action_callback("stats")
+async def on_stats(action: cl.Action) -> None:
+    await commands.run_action("stats")
+
+
+@cl.action_callback("replay")
+async def on_replay(action: cl.Action) -> None:
+    await commands.run_action("replay")

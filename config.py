@@ -37,7 +37,9 @@ KIND_VARIABLES = {
 }
 GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P",
                     "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TOP_K", "DEFAULT_MIN_P", "DEFAULT_REPETITION_PENALTY",
-                    "DEFAULT_SEED", "DEFAULT_SYSTEM_PROMPT")
+                    "DEFAULT_SEED", "DEFAULT_SYSTEM_PROMPT", "DEFAULT_MODE", "DEFAULT_COMPARE_BACKENDS",
+                    "DEFAULT_RUN_ORDER", "DEFAULT_REVEAL", "DATABASE_URL", "AUTH_USERS", "TEACHERS",
+                    "CHAINLIT_AUTH_SECRET")
 DEFAULT_LABELS = {
     "llamacpp": "llama.cpp (embedded)",
     "vllm": "vLLM",
@@ -89,6 +91,11 @@ class ChatDefaults:
     # llama.cpp takes a 32-bit seed and reads 2^32-1 as "random".
     seed: OptionalBound = OptionalBound(None, 0, 2**32 - 2, integer=True)
     system_prompt_preset: str = "helpful"
+    # Compare and blind rounds (the settings panel changes them per session).
+    mode: str = "chat"
+    compare_backends: tuple[str, ...] = ()
+    run_order: str = "auto"
+    reveal: str = "finished"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], backend_names: list[str]) -> "ChatDefaults":
@@ -108,6 +115,10 @@ class ChatDefaults:
             repetition_penalty=_optional_bound(env, "DEFAULT_REPETITION_PENALTY", base.repetition_penalty),
             seed=_optional_bound(env, "DEFAULT_SEED", base.seed),
             system_prompt_preset=env.get("DEFAULT_SYSTEM_PROMPT", base.system_prompt_preset),
+            mode=_one_of(env, "DEFAULT_MODE", ("chat", "compare", "blind")),
+            compare_backends=_compare_backends(env, backend_names),
+            run_order=_one_of(env, "DEFAULT_RUN_ORDER", ("auto", "sequential", "concurrent")),
+            reveal=_one_of(env, "DEFAULT_REVEAL", ("finished", "pace")),
         )
 
 
@@ -121,6 +132,26 @@ def _bound(env: Mapping[str, str], variable: str, bound: Bound) -> Bound:
             f"{variable}={raw} is outside {bound.minimum}..{bound.maximum}."
         )
     return Bound(value, bound.minimum, bound.maximum, bound.step)
+
+
+def _one_of(env: Mapping[str, str], variable: str, choices: tuple[str, ...]) -> str:
+    value = (env.get(variable) or choices[0]).strip()
+    if value not in choices:
+        raise ConfigurationError(f"{variable}={value!r}: use one of {', '.join(choices)}.")
+    return value
+
+
+def _compare_backends(env: Mapping[str, str], backend_names: list[str]) -> tuple[str, ...]:
+    raw = env.get("DEFAULT_COMPARE_BACKENDS") or ""
+    names = tuple(name.strip() for name in raw.split(",") if name.strip())
+    if not names:
+        return tuple(backend_names[:2])
+    unknown = [name for name in names if name not in backend_names]
+    if unknown or not 2 <= len(names) <= 4 or len(set(names)) != len(names):
+        raise ConfigurationError(
+            f"DEFAULT_COMPARE_BACKENDS={raw!r}: name 2 to 4 different backends of BACKENDS ({', '.join(backend_names)})."
+        )
+    return names
 
 
 def _optional_bound(env: Mapping[str, str], variable: str, bound: OptionalBound) -> OptionalBound:

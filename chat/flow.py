@@ -11,8 +11,10 @@ drive this module with a fake backend.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
@@ -23,7 +25,11 @@ from chat.history import fit_to_context
 from chat.i18n import text
 from chat.settings import SessionSettings, load_presets
 from config import ChatDefaults, backend_names, load_env
-from timing import TimedStream
+from store import Store, StoredReply, StoreError
+from store.records import utc_now
+from timing import RequestRecord, TimedStream
+
+log = logging.getLogger(__name__)
 
 INFO_CACHE_S = 30.0
 STATUS_TIMEOUT_S = 4.0
@@ -47,7 +53,11 @@ class AppState:
     registry: Registry
     defaults: ChatDefaults
     presets: dict[str, str]
+    database_url: str | None = None  # None: DATABASE_URL, else the SQLite file
     _statuses: dict[str, tuple[float, BackendStatus]] = field(default_factory=dict)
+    _store: Store | None = None
+    storage_problem: str | None = None
+    _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AppState":
@@ -69,6 +79,33 @@ class AppState:
         status = await self.registry.status(name, STATUS_TIMEOUT_S)
         self._statuses[name] = (time.monotonic(), status)
         return status
+
+    async def storage(self) -> Store | None:
+        """The database (opened and migrated once per process), or None with `storage_problem`
+        saying why: the chat keeps working without it, it only cannot keep replies and votes."""
+        async with self._store_lock:
+            if self._store is None and self.storage_problem is None:
+                try:
+                    store = await Store.open(self.database_url)
+                    await store.migrate()
+                except StoreError as error:
+                    self.storage_problem = str(error)
+                    log.error("storage unavailable: %s", error)
+                else:
+                    self._store = store
+            return self._store
+
+    async def save_reply(self, reply: StoredReply) -> bool:
+        """Store one reply; False (and logged) when the database is unavailable."""
+        store = await self.storage()
+        if store is None:
+            return False
+        try:
+            await store.save_reply(reply)
+        except StoreError as error:
+            log.error("could not store reply %s: %s", reply.id, error)
+            return False
+        return True
 
     async def statuses(self) -> dict[str, BackendStatus]:
         """Every configured backend's status, probed concurrently, in configuration order."""
@@ -147,3 +184,43 @@ def sent_summary(request: PreparedRequest) -> str:
 
 def setting_label(name: str) -> str:
     return SETTING_LABELS.get(name, name)
+
+
+def stored_reply(
+    plan: ReplyPlan,
+    record: RequestRecord,
+    *,
+    user_text: str,
+    reply_text: str,
+    mode: str = "chat",
+    reply_id: str | None = None,
+    thread_id: str | None = None,
+    user_identifier: str | None = None,
+    round_id: str | None = None,
+    column_label: str | None = None,
+) -> StoredReply:
+    """What the database keeps of a finished reply: who answered, what was sent, every figure."""
+    return StoredReply(
+        id=reply_id or str(uuid.uuid4()),
+        thread_id=thread_id,
+        user_identifier=user_identifier,
+        created_at=utc_now(),
+        backend=plan.backend.name,
+        backend_label=plan.backend.label,
+        model=plan.model,
+        mode=mode,
+        round_id=round_id,
+        column_label=column_label,
+        prompt=user_text,
+        reply_text=reply_text,
+        status=record.status,
+        first_token_s=record.first_token_s,
+        decode_tokens_per_s=record.decode_tokens_per_s,
+        output_tokens=record.output_tokens,
+        total_s=record.total_s,
+        ms_per_output_token=record.ms_per_output_token,
+        settings_sent={"sent": dict(plan.request.sent), "chosen": plan.request.params.chosen(),
+                       "ignored": ignored_notes(plan.request), "notes": list(plan.request.notes)},
+        record=record.as_dict(include_timeline=True),
+        error=record.error,
+    )

@@ -18,7 +18,7 @@ import chainlit as cl
 from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
 from backends.registry import BackendStatus
-from chat.flow import AppState, Refusal, plan_reply
+from chat.flow import AppState, Refusal, plan_reply, stored_reply
 from chat.i18n import language_of, text
 from chat.live import LiveReply, initial_props
 from chat.settings import SessionSettings, SettingsRejected, settings_widgets
@@ -53,11 +53,11 @@ def app_state() -> AppState:
     return _state
 
 
-def _lang() -> str:
+def lang() -> str:
     return language_of(getattr(cl.context.session, "language", None))
 
 
-def _settings() -> SessionSettings:
+def session_settings() -> SessionSettings:
     return cl.user_session.get("settings")
 
 
@@ -65,7 +65,14 @@ def _history() -> list[ChatMessage]:
     return cl.user_session.get("history")
 
 
-async def _say(content: str, **kwargs) -> cl.Message:
+def current_user() -> str | None:
+    """The logged-in user's identifier, or None when login is off."""
+    user = getattr(cl.context.session, "user", None)
+    return user.identifier if user else None
+
+
+async def say(content: str, **kwargs) -> cl.Message:
+    """A message from the app itself (not a backend's reply)."""
     message = cl.Message(content=content, author=APP_AUTHOR, **kwargs)
     await message.send()
     return message
@@ -83,31 +90,54 @@ def _labels(statuses: dict[str, BackendStatus] | None, lang: str) -> dict[str, s
 
 
 async def _send_settings(statuses: dict[str, BackendStatus] | None = None) -> None:
-    state, lang = app_state(), _lang()
-    widgets = settings_widgets(_settings(), state.defaults, _labels(statuses, lang), state.presets, lang)
+    state, lang_code = app_state(), lang()
+    widgets = settings_widgets(session_settings(), state.defaults, _labels(statuses, lang_code), state.presets, lang_code)
     await cl.ChatSettings(widgets).send()
 
 
-async def start() -> None:
-    """New chat: settings panel, then the backends' status (a down backend is shown, not hidden)."""
-    state, lang = app_state(), _lang()
-    cl.user_session.set("settings", SessionSettings.initial(state.defaults, state.presets))
-    cl.user_session.set("history", [])
+def _new_session(state: AppState, history: list[ChatMessage] | None = None,
+                 prompts: list[str] | None = None) -> None:
+    cl.user_session.set("settings", SessionSettings.initial(state.defaults, state.presets, state.registry.names))
+    cl.user_session.set("history", history or [])
+    cl.user_session.set("user_prompts", prompts or [])
     cl.user_session.set("pending", None)
+
+
+async def start(actions: list[cl.Action] | None = None) -> None:
+    """New chat: settings panel, then the backends' status (a down backend is shown, not hidden)."""
+    state, lang_code = app_state(), lang()
+    _new_session(state)
+    if await state.storage() is None:
+        await say(text("storage_unavailable", lang_code, problem=state.storage_problem))
     await _send_settings()
-    await _warm_up_backends(lang)
+    await _warm_up_backends(lang_code)
     statuses = await state.statuses()
     await _send_settings(statuses)
-    lines = [text("status_title", lang)]
+    lines = [text("status_title", lang_code)]
     for status in statuses.values():
         if status.available and status.info:
             version = f" · {status.info.server_version}" if status.info.server_version else ""
-            detail = text("status_ok", lang, model=status.info.model_id,
+            detail = text("status_ok", lang_code, model=status.info.model_id,
                           context=status.info.context_length or "?", version=version)
             lines.append(f"- ✅ **{status.label}** (`{status.name}`, {status.url}): {detail}")
         else:
-            lines.append(f"- ❌ **{status.label}** (`{status.name}`): {text('status_down', lang, reason=status.reason)}")
-    await _say("\n".join(lines))
+            lines.append(f"- ❌ **{status.label}** (`{status.name}`): {text('status_down', lang_code, reason=status.reason)}")
+    await say("\n".join(lines), actions=actions or [])
+
+
+async def resume(thread: dict) -> None:
+    """A chat reopened from the history sidebar: its conversation continues where it stopped."""
+    state = app_state()
+    history: list[ChatMessage] = []
+    prompts: list[str] = []
+    for step in thread.get("steps") or []:
+        if step.get("type") == "user_message" and step.get("output"):
+            history.append(ChatMessage("user", step["output"]))
+            prompts.append(step["output"])
+        elif step.get("type") == "assistant_message" and (step.get("metadata") or {}).get("record"):
+            history.append(ChatMessage("assistant", step.get("output") or ""))
+    _new_session(state, history, prompts)
+    await _send_settings(await state.statuses())
 
 
 async def _warm_up_backends(lang: str) -> None:
@@ -116,7 +146,7 @@ async def _warm_up_backends(lang: str) -> None:
         pending = backend.pending_warm_up()
         if pending is None:
             continue
-        note = await _say(text("loading_model", lang, name=pending))
+        note = await say(text("loading_model", lang, name=pending))
         started = time.perf_counter()
         try:
             await backend.warm_up()
@@ -128,49 +158,52 @@ async def _warm_up_backends(lang: str) -> None:
 
 
 async def update_settings(values: dict) -> None:
-    state, lang = app_state(), _lang()
+    state, lang_code = app_state(), lang()
     try:
         settings = SessionSettings.from_form(values, state.defaults, state.registry.names, state.presets)
     except UnknownBackend as error:
-        await _say(f"⚠️ {error}")
+        await say(f"⚠️ {error}")
         return
     except SettingsRejected as error:
         problems = "\n".join(f"- {problem}" for problem in error.problems)
-        await _say(text("settings_rejected", lang, problems=problems))
+        await say(text("settings_rejected", lang_code, problems=problems))
         return
     cl.user_session.set("settings", settings)
-    system = settings.system_custom.strip() and text("custom", lang) or settings.system_preset
+    system = settings.system_custom.strip() and text("custom", lang_code) or settings.system_preset
     optional = ", ".join(f"{name.replace('_', '-')} {value}" for name, value in
                          (("top_k", settings.top_k), ("min_p", settings.min_p),
                           ("repetition_penalty", settings.repetition_penalty), ("seed", settings.seed))
-                         if value is not None) or text("none_set", lang)
-    await _say(text("settings_applied", lang, backend=state.registry.get(settings.backend).label,
+                         if value is not None) or text("none_set", lang_code)
+    await say(text("settings_applied", lang_code, backend=state.registry.get(settings.backend).label,
                     temperature=settings.temperature, top_p=settings.top_p,
                     max_new_tokens=settings.max_new_tokens, optional=optional, system=system))
 
 
 async def reply(user_text: str) -> None:
     """Answer one user message with the session's current backend and settings."""
-    state, lang, history = app_state(), _lang(), _history()
-    plan = await plan_reply(state, _settings(), history, user_text)
+    state, lang_code, history = app_state(), lang(), _history()
+    plan = await plan_reply(state, session_settings(), history, user_text)
     if isinstance(plan, Refusal):
-        await _show_error(plan.label, plan.reason, user_text, lang)
+        await _show_error(plan.label, plan.reason, user_text, lang_code)
         return
     for notice in plan.notices:
-        await _say(notice.render(lang))
+        await say(notice.render(lang_code))
 
     backend = plan.backend
     message = cl.Message(content="", author=_author(backend.label, backend.name))
-    metrics = MetricsElement(name="Metrics", props=initial_props(plan, lang), display="inline")
+    metrics = MetricsElement(name="Metrics", props=initial_props(plan, lang_code), display="inline")
     message.elements = [metrics]
     await message.send()
-    outcome = await LiveReply(plan.open_stream(), message, metrics, lang=lang, request=plan.request).run()
+    outcome = await LiveReply(plan.open_stream(), message, metrics, lang=lang_code, request=plan.request).run()
 
     message.metadata = {"record": outcome.record.as_dict(include_timeline=True),
                         "sent": dict(plan.request.sent)}
     await message.update()
+    await state.save_reply(stored_reply(plan, outcome.record, user_text=user_text, reply_text=outcome.text,
+                                        reply_id=message.id, thread_id=cl.context.session.thread_id,
+                                        user_identifier=current_user()))
     if outcome.error is not None:
-        await _show_error(backend.label, outcome.error.describe(), user_text, lang)
+        await _show_error(backend.label, outcome.error.describe(), user_text, lang_code)
         if not outcome.text:
             return
     # The partial text of a stopped or failed reply stays in the conversation.
@@ -186,21 +219,5 @@ def _author(label: str, name: str) -> str:
 async def _show_error(label: str, reason: str, user_text: str, lang: str) -> None:
     cl.user_session.set("pending", user_text)
     retry = cl.Action(name="retry", payload={}, label=text("retry", lang), icon="rotate-ccw")
-    await _say(f"{text('error_title', lang, backend=label)}\n\n{reason}\n\n{text('error_keep', lang)}",
+    await say(f"{text('error_title', lang, backend=label)}\n\n{reason}\n\n{text('error_keep', lang)}",
                actions=[retry])
-
-
-async def retry() -> None:
-    """Resend the message that failed, to the backend now selected. Stop works here too."""
-    pending = cl.user_session.get("pending")
-    if not pending:
-        await _say(text("retry_gone", _lang()))
-        return
-    session = cl.context.session
-    session.current_task = asyncio.current_task()
-    await cl.context.emitter.task_start()
-    try:
-        await cl.Message(content=pending, author="You", type="user_message").send()
-        await reply(pending)
-    finally:
-        await cl.context.emitter.task_end()

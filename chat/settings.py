@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from backends.base import SETTING_LABELS, GenerationParams
 from backends.errors import UnknownBackend
@@ -15,6 +15,9 @@ from config import Bound, ChatDefaults, OptionalBound
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 NO_SYSTEM_PROMPT = "none"
 MAX_SYSTEM_PROMPT_CHARS = 20_000
+MODES = ("chat", "compare", "blind")
+RUN_ORDERS = ("auto", "sequential", "concurrent")
+REVEALS = ("finished", "pace")
 
 
 def load_presets(directory: Path = PROMPTS_DIR) -> dict[str, str]:
@@ -50,6 +53,11 @@ class SessionSettings:
     min_p: float | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
+    # Compare and blind rounds: 2-4 configured backends, how they run, how blind text appears.
+    mode: str = "chat"
+    compare_backends: tuple[str, ...] = ()
+    run_order: str = "auto"
+    reveal: str = "finished"
 
     def system_prompt(self, presets: Mapping[str, str]) -> str:
         return self.system_custom.strip() or presets.get(self.system_preset, "")
@@ -60,8 +68,13 @@ class SessionSettings:
             top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
         )
 
+    def for_backend(self, name: str) -> "SessionSettings":
+        """The same settings, answered by `name` (each column of a round)."""
+        return replace(self, backend=name)
+
     @classmethod
-    def initial(cls, defaults: ChatDefaults, presets: Mapping[str, str]) -> "SessionSettings":
+    def initial(cls, defaults: ChatDefaults, presets: Mapping[str, str],
+                backends: Sequence[str] = ()) -> "SessionSettings":
         preset = defaults.system_prompt_preset if defaults.system_prompt_preset in presets else NO_SYSTEM_PROMPT
         return cls(
             backend=defaults.backend,
@@ -73,6 +86,10 @@ class SessionSettings:
             min_p=defaults.min_p.default,
             repetition_penalty=defaults.repetition_penalty.default,
             seed=defaults.seed.default,
+            mode=defaults.mode,
+            compare_backends=defaults.compare_backends or tuple(backends[:2]),
+            run_order=defaults.run_order,
+            reveal=defaults.reveal,
         )
 
     @classmethod
@@ -107,10 +124,44 @@ class SessionSettings:
             min_p=_optional(values, "min_p", defaults.min_p, problems),
             repetition_penalty=_optional(values, "repetition_penalty", defaults.repetition_penalty, problems),
             seed=_optional(values, "seed", defaults.seed, problems),
+            mode=_choice(values, "mode", MODES, problems),
+            compare_backends=_backend_list(values.get("compare_backends"), backends, problems),
+            run_order=_choice(values, "run_order", RUN_ORDERS, problems),
+            reveal=_choice(values, "reveal", REVEALS, problems),
         )
+        if settings["mode"] != "chat" and not 2 <= len(settings["compare_backends"]) <= 4:
+            problems.append(f"compare and blind rounds need 2 to 4 backends "
+                            f"({len(settings['compare_backends'])} chosen)")
         if problems:
             raise SettingsRejected(problems)
         return cls(**settings)
+
+
+def _choice(values: Mapping[str, object], name: str, choices: tuple[str, ...], problems: list[str]) -> str:
+    raw = values.get(name)
+    if raw is None:
+        return choices[0]
+    if raw not in choices:
+        problems.append(f"{name.replace('_', ' ')} {str(raw)[:40]!r} is not one of {', '.join(choices)}")
+        return choices[0]
+    return str(raw)
+
+
+def _backend_list(raw: object, backends: list[str], problems: list[str]) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(name, str) for name in raw):
+        problems.append("the backends to compare must be a list of backend names")
+        return ()
+    unknown = [name for name in raw if name not in backends]
+    if unknown:
+        problems.append(f"unknown backend(s) to compare: {', '.join(n[:40] for n in unknown)} "
+                        f"(configured: {', '.join(backends)})")
+        return ()
+    if len(set(raw)) != len(raw):
+        problems.append("a backend was chosen twice to compare")
+        return ()
+    return tuple(raw)
 
 
 def _number(raw: object) -> float | None:
@@ -177,12 +228,28 @@ def settings_widgets(
             description=text("optional_help", lang, minimum=f"{bound.minimum:g}", maximum=f"{bound.maximum:g}"),
         )
 
+    from chainlit.input_widget import MultiSelect
+
+    def choice(widget_id: str, options: Sequence[str], value: str) -> Select:
+        return Select(id=widget_id, label=text(widget_id, lang), description=text(f"{widget_id}_help", lang),
+                      items={text(f"{widget_id}_{option}", lang): option for option in options},
+                      initial_value=value)
+
     return [
+        choice("mode", MODES, current.mode),
         Select(
             id="backend", label=text("backend", lang), description=text("backend_help", lang),
             items={label: name for name, label in backend_labels.items()},
             initial_value=current.backend,
         ),
+        MultiSelect(
+            id="compare_backends", label=text("compare_backends", lang),
+            description=text("compare_backends_help", lang),
+            items={label: name for name, label in backend_labels.items()},
+            initial=list(current.compare_backends),
+        ),
+        choice("run_order", RUN_ORDERS, current.run_order),
+        choice("reveal", REVEALS, current.reveal),
         slider("temperature", defaults.temperature, current.temperature),
         slider("top_p", defaults.top_p, current.top_p),
         slider("max_new_tokens", defaults.max_new_tokens, current.max_new_tokens),

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.schema import CreateColumn
 
 from store import schema
-from store.errors import DatabaseUnavailable, RoundNotFound, SchemaTooNew, VoteRejected
+from store.errors import DatabaseUnavailable, RoundNotFound, SchemaTooNew, StoreError, VoteRejected
 from store.records import CompareRound, RoundColumn, StoredReply, Vote, VoteRecord, check_vote, utc_now
 from store.urls import database_url, mask_password, normalise_url
 
@@ -310,3 +310,29 @@ def _add_missing_columns(connection: Connection, existing_tables: set[str]) -> N
             if column.name not in present:
                 definition = CreateColumn(column).compile(dialect=connection.dialect)
                 connection.exec_driver_sql(f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {definition}")
+
+
+def migrate_blocking(url: str | None = None) -> int:
+    """Open the database and migrate it from synchronous code, whether or not an event loop runs
+    in this thread (the app calls it at import, before Chainlit's data layer touches a table)."""
+    import asyncio
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    async def run() -> None:
+        async with await Store.open(url) as store:
+            outcome["version"] = await store.migrate()
+
+    def work() -> None:
+        try:
+            asyncio.run(run())
+        except StoreError as error:
+            outcome["error"] = error
+
+    worker = threading.Thread(target=work, name="store-migrate")
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["version"]

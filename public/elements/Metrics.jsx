@@ -1,9 +1,13 @@
-// Live figures next to a reply. `props` is injected globally by Chainlit.
-// The server refreshes it ~10 times per second while streaming, then once more
-// with the final, frozen measurement and the reply's timeline (see timing.py
-// for the definitions). The timeline is drawn only from the final props, so
-// nothing heavy re-mounts while the reply streams.
-import { useState } from "react";
+// Live figures next to a reply, or a compare round's columns side by side.
+// `props` and `callAction` are injected globally by Chainlit.
+// The server refreshes `props` ~10 times per second while streaming, then once
+// more with the final, frozen measurement and the reply's timeline (see
+// timing.py for the definitions). The timeline is drawn only from the final
+// props, so nothing heavy re-mounts while a reply streams. With
+// `props.kind === "compare"` the element is a grid with one column per
+// backend (compare/rounds.py decides what a blind round may show).
+import { useEffect, useRef, useState } from "react";
+import { Markdown } from "@/components/markdown";
 
 const LABELS = {
   en: {
@@ -21,6 +25,11 @@ const LABELS = {
     perToken: "time per output token", decodeRate: "decode tokens/s", outputRate: "output tokens/s (incl. prefill)",
     promptRate: "prompt tokens/s", outTokens: "output tokens", inTokens: "prompt tokens",
     sent: "sent to the engine", noServer: "This engine reported no figures of its own for this reply.",
+    compareRound: "Compare", blindRound: "Blind round", sequential: "one after another", concurrent: "all at once",
+    revealFinished: "text shown when every column has finished", revealPace: "text shown at one common pace",
+    generating: "generating…", waiting: "waiting", better: "better", tie: "Tie", bothBad: "Both bad", allBad: "All bad",
+    good: "good", bad: "bad", comment: "Comment (optional)", voted: "Your vote", won: (l) => `${l} better`,
+    voteHint: "Which answer is better? Names and figures appear after your vote.", voteHintNamed: "Which answer is better?",
   },
   zh: {
     ttft: "首 token 时间", rate: "tokens/秒", tokens: "tokens", elapsed: "耗时", tpot: "TPOT 毫秒/token",
@@ -37,6 +46,11 @@ const LABELS = {
     perToken: "每个输出 token 的时间", decodeRate: "解码 tokens/秒", outputRate: "输出 tokens/秒（含预填充）",
     promptRate: "提示词 tokens/秒", outTokens: "输出 tokens", inTokens: "提示词 tokens",
     sent: "发送给引擎的参数", noServer: "该引擎没有为这条回复报告自己的数据。",
+    compareRound: "比较", blindRound: "盲评", sequential: "依次运行", concurrent: "同时运行",
+    revealFinished: "所有列完成后显示文本", revealPace: "以相同节奏显示文本",
+    generating: "生成中…", waiting: "等待中", better: "更好", tie: "平局", bothBad: "都不好", allBad: "都不好",
+    good: "好", bad: "差", comment: "评论（可选）", voted: "你的投票", won: (l) => `${l} 更好`,
+    voteHint: "哪个回答更好？投票后显示名称和指标。", voteHintNamed: "哪个回答更好？",
   },
 };
 
@@ -213,16 +227,16 @@ function Timeline({ props, t }) {
   );
 }
 
-export default function Metrics() {
+function Figures({ p }) {
   const [open, setOpen] = useState(false);
-  const t = LABELS[props.lang] || LABELS.en;
-  const state = props.state || "starting";
+  const t = LABELS[p.lang] || LABELS.en;
+  const state = p.state || "starting";
   const final = FINAL.includes(state);
   const dotColor = {
     starting: "#eab308", queued: "#eab308", streaming: "#3b82f6",
     completed: "#16a34a", stopped: "#f97316", error: "#dc2626",
   }[state] || "#9ca3af";
-  const status = state === "queued" ? t.queued(props.queuePosition) : t[state] || state;
+  const status = state === "queued" ? t.queued(p.queuePosition) : t[state] || state;
   return (
     <div className="serving-lab-metrics rounded-md border text-sm"
          style={{ padding: "6px 12px", margin: "4px 0" }} data-state={state} data-testid="metrics">
@@ -231,31 +245,31 @@ export default function Metrics() {
         <span style={{ display: "inline-block", width: 8, height: 8, borderRadius: 4, background: dotColor }} />
         <span data-testid="metrics-status">{status}</span>
         <span>·</span>
-        <span data-testid="metrics-backend">{props.backend}</span>
-        {props.model ? <span className="font-mono" data-testid="metrics-model">{props.model}</span> : null}
+        <span data-testid="metrics-backend">{p.backend}</span>
+        {p.model ? <span className="font-mono" data-testid="metrics-model">{p.model}</span> : null}
       </div>
       <div style={{ display: "flex", flexWrap: "wrap", columnGap: "18px", rowGap: "4px" }}>
-        <Cell label={t.ttft} value={fmtMs(props.ttftMs)} testid="metrics-ttft" />
-        <Cell label={t.rate} value={fmt(props.tokensPerS, 1)} testid="metrics-rate" />
-        <Cell label={t.tokens} value={`${props.tokens ?? 0}${props.tokensExact === false ? " ≈" : ""}`} testid="metrics-tokens" />
-        <Cell label={t.elapsed} value={fmtMs(props.elapsedMs)} testid="metrics-elapsed" />
-        {final ? <Cell label={t.tpot} value={fmt(props.msPerToken, 1)} testid="metrics-tpot" /> : null}
+        <Cell label={t.ttft} value={fmtMs(p.ttftMs)} testid="metrics-ttft" />
+        <Cell label={t.rate} value={fmt(p.tokensPerS, 1)} testid="metrics-rate" />
+        <Cell label={t.tokens} value={`${p.tokens ?? 0}${p.tokensExact === false ? " ≈" : ""}`} testid="metrics-tokens" />
+        <Cell label={t.elapsed} value={fmtMs(p.elapsedMs)} testid="metrics-elapsed" />
+        {final ? <Cell label={t.tpot} value={fmt(p.msPerToken, 1)} testid="metrics-tpot" /> : null}
       </div>
-      {(props.ignored || []).map((line) => (
+      {(p.ignored || []).map((line) => (
         <div key={line} style={{ color: "#ea580c", fontSize: "12px", marginTop: "2px" }} data-testid="metrics-ignored">
           ⚠ {line}
         </div>
       ))}
-      {final && (props.finishReason || props.disagreement || props.tokensExact === false) ? (
+      {final && (p.finishReason || p.disagreement || p.tokensExact === false) ? (
         <div className="text-muted-foreground" style={{ marginTop: "4px", fontSize: "12px" }}>
-          {props.finishReason ? <span>{t.finish}: {props.finishReason} </span> : null}
-          {props.serverTokens !== null && props.serverTokens !== undefined
-            ? <span>· {t.server}: {props.serverTokens} </span> : null}
-          {props.tokensExact === false ? <span>· {t.estimated} </span> : null}
-          {props.disagreement ? <span style={{ color: "#ea580c" }} data-testid="metrics-disagreement">· ⚠ {props.disagreement}</span> : null}
+          {p.finishReason ? <span>{t.finish}: {p.finishReason} </span> : null}
+          {p.serverTokens !== null && p.serverTokens !== undefined
+            ? <span>· {t.server}: {p.serverTokens} </span> : null}
+          {p.tokensExact === false ? <span>· {t.estimated} </span> : null}
+          {p.disagreement ? <span style={{ color: "#ea580c" }} data-testid="metrics-disagreement">· ⚠ {p.disagreement}</span> : null}
         </div>
       ) : null}
-      {final && props.timeline ? (
+      {final && p.timeline ? (
         <div>
           <button type="button" onClick={() => setOpen(!open)} data-testid="metrics-timeline-toggle"
                   className="text-muted-foreground"
@@ -263,9 +277,130 @@ export default function Metrics() {
                            textDecoration: "underline", marginTop: "4px" }}>
             {open ? t.hideTimeline : t.showTimeline}
           </button>
-          {open ? <Timeline props={props} t={t} /> : null}
+          {open ? <Timeline props={p} t={t} /> : null}
         </div>
       ) : null}
     </div>
   );
+}
+
+const STATE_COLORS = { waiting: "#9ca3af", generating: "#3b82f6", streaming: "#3b82f6", completed: "#16a34a",
+                       stopped: "#f97316", error: "#dc2626" };
+
+function Column({ c, t }) {
+  const textRef = useRef(null);
+  const live = c.state === "streaming" || c.state === "generating";
+  // Each update re-mounts the element: keep a streaming column scrolled to its newest text.
+  useEffect(() => {
+    if (live && textRef.current) textRef.current.scrollTop = textRef.current.scrollHeight;
+  });
+  const stateText = { completed: t.completed, stopped: t.stopped, error: t.error, streaming: t.streaming,
+                      generating: t.generating, waiting: t.waiting }[c.state] || c.state;
+  return (
+    <div className="rounded-md border" data-testid={`column-${c.label}`} data-state={c.state}
+         style={{ display: "flex", flexDirection: "column", minWidth: 0, padding: "8px 10px" }}>
+      <div style={{ display: "flex", alignItems: "center", gap: "6px", flexWrap: "wrap", fontSize: "13px" }}>
+        <span style={{ fontWeight: 700 }} data-testid="column-label">{c.label}</span>
+        {c.backend ? <span data-testid="column-backend">{c.backend}</span> : null}
+        {c.model ? <span className="font-mono text-muted-foreground" style={{ fontSize: "11px" }}
+                         data-testid="column-model">{c.model}</span> : null}
+        <span style={{ marginLeft: "auto", display: "flex", alignItems: "center", gap: "4px", fontSize: "12px" }}
+              className="text-muted-foreground">
+          <span style={{ display: "inline-block", width: 8, height: 8, borderRadius: 4,
+                         background: STATE_COLORS[c.state] || "#9ca3af" }} />
+          <span data-testid="column-state">{stateText}</span>
+        </span>
+      </div>
+      {(c.notes || []).map((note) => (
+        <div key={note} className="text-muted-foreground" style={{ fontSize: "12px" }}>· {note}</div>
+      ))}
+      {c.error ? (
+        <div data-testid="column-error" style={{ color: "#dc2626", fontSize: "12px", margin: "4px 0",
+                                                 whiteSpace: "pre-wrap", overflowWrap: "anywhere" }}>⚠ {c.error}</div>
+      ) : null}
+      <div ref={textRef} data-testid="column-text"
+           style={{ maxHeight: "420px", overflowY: "auto", overflowWrap: "anywhere", marginTop: "4px" }}>
+        <Markdown allowHtml={false} latex={false}>{c.text || ""}</Markdown>
+      </div>
+      {c.figures ? <Figures p={c.figures} /> : null}
+    </div>
+  );
+}
+
+function VoteBar({ p, t }) {
+  const [judgements, setJudgements] = useState({});
+  const [comment, setComment] = useState("");
+  const [answer, setAnswer] = useState(null);
+  const [busy, setBusy] = useState(false);
+  const labels = (p.columns || []).map((c) => c.label);
+  const cast = async (outcome, winner) => {
+    setBusy(true);
+    try {
+      const reply = await callAction({ name: "vote", payload: { round_id: p.roundId, outcome, winner, judgements, comment } });
+      setAnswer((reply && reply.response && reply.response.message) || null);
+    } finally {
+      setBusy(false);
+    }
+  };
+  const judge = (label, value) => setJudgements({ ...judgements, [label]: judgements[label] === value ? undefined : value });
+  const button = { padding: "3px 10px", borderRadius: "6px", border: "1px solid rgba(127,127,127,0.5)",
+                   background: "transparent", cursor: busy ? "wait" : "pointer", fontSize: "13px" };
+  return (
+    <div data-testid="vote" style={{ marginTop: "8px", fontSize: "13px" }}>
+      <div className="text-muted-foreground" style={{ marginBottom: "4px" }}>{p.blind ? t.voteHint : t.voteHintNamed}</div>
+      <div style={{ display: "flex", flexWrap: "wrap", gap: "6px" }}>
+        {labels.map((label) => (
+          <button key={label} type="button" disabled={busy} style={button} data-testid={`vote-${label}`}
+                  onClick={() => cast("win", label)}>{label} {t.better}</button>
+        ))}
+        <button type="button" disabled={busy} style={button} data-testid="vote-tie" onClick={() => cast("tie", null)}>{t.tie}</button>
+        <button type="button" disabled={busy} style={button} data-testid="vote-both-bad"
+                onClick={() => cast("both_bad", null)}>{labels.length > 2 ? t.allBad : t.bothBad}</button>
+      </div>
+      <div style={{ display: "flex", flexWrap: "wrap", gap: "10px", marginTop: "6px" }}>
+        {labels.map((label) => (
+          <span key={label} data-testid={`judge-${label}`}>
+            {label}:{" "}
+            {["good", "bad"].map((value) => (
+              <label key={value} style={{ marginRight: "6px", cursor: "pointer" }}>
+                <input type="checkbox" checked={judgements[label] === value} onChange={() => judge(label, value)}
+                       data-testid={`judge-${label}-${value}`} /> {t[value]}
+              </label>
+            ))}
+          </span>
+        ))}
+      </div>
+      <textarea value={comment} onChange={(event) => setComment(event.target.value)} placeholder={t.comment}
+                maxLength={2000} rows={2} data-testid="vote-comment"
+                style={{ width: "100%", marginTop: "6px", background: "transparent", border: "1px solid rgba(127,127,127,0.4)",
+                         borderRadius: "6px", padding: "4px 6px", fontSize: "13px" }} />
+      {answer ? <div data-testid="vote-answer" style={{ marginTop: "4px" }}>{answer}</div> : null}
+    </div>
+  );
+}
+
+function CompareGrid() {
+  const p = props;
+  const t = LABELS[p.lang] || LABELS.en;
+  const vote = p.vote;
+  const summary = vote ? (vote.outcome === "win" ? t.won(vote.winner) : vote.outcome === "tie" ? t.tie
+                          : (p.columns || []).length > 2 ? t.allBad : t.bothBad) : null;
+  return (
+    <div data-testid="compare" data-blind={String(!!p.blind)} data-revealed={String(!!p.revealed)}
+         data-final={String(!!p.final)} style={{ margin: "4px 0" }}>
+      <div className="text-muted-foreground" style={{ fontSize: "12px", marginBottom: "6px" }}>
+        {p.blind ? t.blindRound : t.compareRound} · {t[p.runOrder] || p.runOrder}
+        {p.blind && !p.revealed ? ` · ${p.reveal === "pace" ? t.revealPace : t.revealFinished}` : ""}
+        {summary ? <span data-testid="vote-summary"> · {t.voted}: {summary}</span> : null}
+      </div>
+      <div style={{ display: "grid", gridTemplateColumns: "repeat(auto-fit, minmax(260px, 1fr))", gap: "10px" }}>
+        {(p.columns || []).map((c) => <Column key={c.label} c={c} t={t} />)}
+      </div>
+      {p.final && !vote ? <VoteBar p={p} t={t} /> : null}
+    </div>
+  );
+}
+
+export default function Metrics() {
+  return props.kind === "compare" ? <CompareGrid /> : <Figures p={props} />;
 }

@@ -1,0 +1,133 @@
+"""Optional password login: users and their hashed passwords from `.env`.
+
+Off by default (one local user, no login). For a classroom, set
+`AUTH_USERS=alice:<hash>,bob:<hash>` (hashes from
+`python -m chat.auth hash-password`) and `CHAINLIT_AUTH_SECRET` (from
+`chainlit create-secret`); then everyone logs in, the chat history sidebar
+lists each person's own chats only, and `TEACHERS=alice` names who may start
+load simulations. Passwords are never stored: PBKDF2-SHA256 with a random
+salt, compared in constant time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import getpass
+import hashlib
+import hmac
+import os
+import secrets
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from backends.errors import ConfigurationError
+
+SCHEME = "pbkdf2_sha256"
+ITERATIONS = 600_000  # OWASP's 2023 figure for PBKDF2-SHA256
+SALT_BYTES = 16
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def hash_password(password: str, *, salt: bytes | None = None, iterations: int = ITERATIONS) -> str:
+    """`pbkdf2_sha256$<iterations>$<salt>$<hash>` (base64), safe to keep in .env."""
+    if not password:
+        raise ValueError("an empty password cannot be hashed")
+    salt = salt or secrets.token_bytes(SALT_BYTES)
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
+    return f"{SCHEME}${iterations}${_b64(salt)}${_b64(digest)}"
+
+
+def verify_password(password: str, hashed: str) -> bool:
+    """True when `password` matches `hashed` (constant-time); False for anything malformed."""
+    try:
+        scheme, iterations, salt, expected = hashed.split("$")
+        if scheme != SCHEME:
+            return False
+        digest = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), base64.b64decode(salt), int(iterations))
+        return hmac.compare_digest(digest, base64.b64decode(expected))
+    except (ValueError, TypeError):
+        return False
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Who may log in, and who is a teacher. Empty users = login off."""
+
+    users: Mapping[str, str] = field(default_factory=dict)  # identifier -> password hash
+    teachers: frozenset[str] = frozenset()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.users)
+
+    def check(self, identifier: str, password: str) -> bool:
+        hashed = self.users.get(identifier)
+        if hashed is None:
+            # Spend the same time as for a known user, so a wrong name is not faster than a wrong password.
+            verify_password(password, _DUMMY_HASH)
+            return False
+        return verify_password(password, hashed)
+
+    def is_teacher(self, identifier: str | None) -> bool:
+        """Without login the one local user is the teacher."""
+        return not self.enabled or identifier in self.teachers
+
+
+_DUMMY_HASH = hash_password("not a real password", salt=b"\0" * SALT_BYTES)
+
+
+def auth_from_env(env: Mapping[str, str]) -> AuthConfig:
+    """Parse AUTH_USERS (`name:hash,...`) and TEACHERS (`name,...`); a mistake names the variable."""
+    users: dict[str, str] = {}
+    for entry in (env.get("AUTH_USERS") or "").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, _, hashed = entry.partition(":")
+        name, hashed = name.strip(), hashed.strip()
+        if not name or not hashed.startswith(f"{SCHEME}$") or hashed.count("$") != 3:
+            raise ConfigurationError(
+                f"AUTH_USERS entry {name or entry[:20]!r} is not name:hash; make the hash with "
+                f"`python -m chat.auth hash-password`."
+            )
+        if name in users:
+            raise ConfigurationError(f"AUTH_USERS lists {name!r} twice.")
+        users[name] = hashed
+    teachers = frozenset(name.strip() for name in (env.get("TEACHERS") or "").split(",") if name.strip())
+    unknown = sorted(teachers - set(users)) if users else []
+    if unknown:
+        raise ConfigurationError(f"TEACHERS names {', '.join(unknown)}, who are not in AUTH_USERS.")
+    if users and not env.get("CHAINLIT_AUTH_SECRET"):
+        raise ConfigurationError(
+            "AUTH_USERS is set, so login is on, but CHAINLIT_AUTH_SECRET is not: run `chainlit create-secret` "
+            "and put its output in .env."
+        )
+    return AuthConfig(users, teachers)
+
+
+def current_config() -> AuthConfig:
+    """The auth configuration from the environment (after .env is loaded)."""
+    return auth_from_env(os.environ)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Hash a password for AUTH_USERS in .env.")
+    parser.add_argument("command", choices=["hash-password"])
+    parser.add_argument("--stdin", action="store_true", help="read the password from standard input")
+    args = parser.parse_args(argv)
+    password = sys.stdin.readline().rstrip("\n") if args.stdin else getpass.getpass("Password: ")
+    try:
+        print(hash_password(password))
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

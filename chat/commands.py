@@ -1,0 +1,98 @@
+"""What a message or a button asks for: a reply (single or round), or a report.
+
+`/leaderboard`, `/stats` and `/replay` are Chainlit commands (picked from the
+composer) and also work typed as text. A message in compare or blind mode
+starts a round; otherwise the session's backend answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import chainlit as cl
+
+from chat import reports, rounds_view, session
+from chat.i18n import text
+
+COMMANDS = ("leaderboard", "stats", "replay")
+COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat"}
+
+
+async def announce_commands() -> None:
+    """Offer the commands in the composer."""
+    lang = session.lang()
+    await cl.context.emitter.set_commands([
+        {"id": name, "icon": COMMAND_ICONS[name], "description": text(f"command_{name}", lang), "button": False}
+        for name in COMMANDS
+    ])
+
+
+def report_actions() -> list[cl.Action]:
+    """Buttons for the reports, shown under the backends' status."""
+    lang = session.lang()
+    return [cl.Action(name=name, payload={}, label=text(f"action_{name}", lang), icon=COMMAND_ICONS[name])
+            for name in COMMANDS]
+
+
+def typed_command(content: str) -> str | None:
+    """'/stats' typed as a message (nothing else on the line) is the stats command."""
+    word = content.strip()
+    return word[1:] if word.startswith("/") and word[1:] in COMMANDS else None
+
+
+async def on_message(message: cl.Message) -> None:
+    command = message.command if message.command in COMMANDS else typed_command(message.content)
+    if command:
+        await run_command(command)
+        return
+    await answer(message.content)
+
+
+async def answer(user_text: str) -> None:
+    """A reply from the session's backend, or a round when compare or blind mode is on."""
+    prompts = cl.user_session.get("user_prompts") or []
+    prompts.append(user_text)
+    cl.user_session.set("user_prompts", prompts)
+    if session.session_settings().mode == "chat":
+        await session.reply(user_text)
+    else:
+        await rounds_view.compare_reply(user_text)
+
+
+async def run_command(name: str) -> None:
+    if name == "leaderboard":
+        await reports.show_leaderboard()
+    elif name == "stats":
+        await reports.show_stats()
+    elif name == "replay":
+        await reports.replay_on_all_backends()
+
+
+async def retry() -> None:
+    """Resend the message that failed, to the backend(s) now selected. Stop works here too."""
+    pending = cl.user_session.get("pending")
+    if not pending:
+        await session.say(text("retry_gone", session.lang()))
+        return
+    chainlit_session = cl.context.session
+    chainlit_session.current_task = asyncio.current_task()
+    await cl.context.emitter.task_start()
+    try:
+        await cl.Message(content=pending, author="You", type="user_message").send()
+        prompts = cl.user_session.get("user_prompts") or []
+        if prompts and prompts[-1] == pending:
+            prompts.pop()  # the failed attempt is replaced by this one
+        await answer(pending)
+    finally:
+        await cl.context.emitter.task_end()
+
+
+async def run_action(name: str) -> None:
+    """A report button: run it as a task the Stop button can end."""
+    chainlit_session = cl.context.session
+    chainlit_session.current_task = asyncio.current_task()
+    await cl.context.emitter.task_start()
+    try:
+        await run_command(name)
+    finally:
+        await cl.context.emitter.task_end()

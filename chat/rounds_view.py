@@ -1,0 +1,214 @@
+"""Compare and blind rounds and their votes: the Chainlit side.
+
+The round itself (columns, run order, streaming, what the browser may see)
+is `compare.rounds`, Chainlit-free; this module keeps per-session state, sends
+the one element that shows every column, stores the round, its replies and
+its vote, and reveals a blind round once it has been voted on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import chainlit as cl
+
+from backends.base import ChatMessage
+from chat.flow import Refusal, plan_reply, stored_reply
+from chat.i18n import text
+from chat.session import APP_AUTHOR, MetricsElement, app_state, current_user, lang, say, session_settings
+from compare.ratings import OUTCOMES
+from compare.rounds import Column, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props, run_order_for
+from store import CompareRound, RoundColumn, StoreError, Vote
+from store.records import utc_now
+
+RECENT_ROUNDS = 20  # rounds per session whose element a vote can still reveal
+MAX_COMMENT_CHARS = 2000
+
+
+@dataclass
+class RoundView:
+    """A round of this session, kept so that its vote can update (and reveal) its element."""
+
+    round_id: str
+    columns: list[Column]
+    settings: RoundSettings
+    run_order: str
+    element: MetricsElement
+    final: bool = False
+    vote: dict | None = None
+
+    def props(self, lang_code: str) -> dict:
+        return round_props(round_id=self.round_id, columns=self.columns, blind=self.settings.blind,
+                           run_order=self.run_order, reveal=self.settings.reveal, lang=lang_code,
+                           revealed=self.vote is not None, vote=self.vote, final=self.final)
+
+
+def _rounds() -> dict[str, RoundView]:
+    rounds = cl.user_session.get("rounds")
+    if rounds is None:
+        rounds = {}
+        cl.user_session.set("rounds", rounds)
+    return rounds
+
+
+def backend_threads() -> dict[str, list[ChatMessage]]:
+    """Each backend's own thread of the conversation (the user's turns plus its own replies).
+    A backend joining a round starts from the single-backend chat so far."""
+    threads = cl.user_session.get("threads")
+    if threads is None:
+        threads = {}
+        cl.user_session.set("threads", threads)
+    return threads
+
+
+async def compare_reply(user_text: str) -> None:
+    """One prompt to every chosen backend, side by side (blind: anonymous until voted on)."""
+    state, lang_code, settings = app_state(), lang(), session_settings()
+    round_settings = RoundSettings(settings.compare_backends, blind=settings.mode == "blind",
+                                   run_order=settings.run_order, reveal=settings.reveal)
+    try:
+        round_settings.check(state.registry.names)
+    except RoundSettingsError as error:
+        cl.user_session.set("pending", user_text)
+        await say(text("round_not_possible", lang_code, reason=str(error)))
+        return
+    threads = backend_threads()
+    chat_history = cl.user_session.get("history")
+    for name in round_settings.backends:
+        threads.setdefault(name, list(chat_history))
+    assignment = assign_labels(round_settings.backends, round_settings.blind)
+    plans = await asyncio.gather(*(
+        plan_reply(state, settings.for_backend(name), threads[name], user_text) for _, name in assignment
+    ))
+    columns = []
+    for (label, name), plan in zip(assignment, plans):
+        backend = state.registry.get(name)
+        column = Column(label=label, backend=name, backend_label=backend.label)
+        if isinstance(plan, Refusal):
+            column.refusal = plan
+        else:
+            column.plan = plan
+        columns.append(column)
+    order = run_order_for(round_settings, [state.registry.get(name) for name in round_settings.backends])
+
+    round_id = str(uuid.uuid4())
+    element = MetricsElement(name="Metrics", props={}, display="inline")
+    view = RoundView(round_id, columns, round_settings, order, element)
+    element.props = view.props(lang_code)
+    await _save_round(round_id, user_text, view)
+    message = cl.Message(content="", author=APP_AUTHOR, elements=[element])
+    await message.send()
+
+    async def render() -> None:
+        element.props = view.props(lang_code)
+        await element.update()
+
+    await RoundRun(columns, order, render).run()
+    view.final = True
+    element.props = view.props(lang_code)
+    await element.update()
+    recent = _rounds()
+    recent[round_id] = view
+    for old in list(recent)[:-RECENT_ROUNDS]:
+        recent.pop(old)
+    await _store_replies(view, user_text)
+    for column in columns:
+        if column.plan is not None and column.text:
+            threads[column.backend].extend([ChatMessage("user", user_text), ChatMessage("assistant", column.text)])
+    cl.user_session.set("pending", None)
+
+
+async def _save_round(round_id: str, user_text: str, view: RoundView) -> None:
+    store = await app_state().storage()
+    if store is None:
+        return
+    compare_round = CompareRound(
+        id=round_id, thread_id=cl.context.session.thread_id, user_identifier=current_user(),
+        created_at=utc_now(), prompt=user_text, mode="blind" if view.settings.blind else "compare",
+        run_order=view.run_order,
+        columns=tuple(RoundColumn(label=c.label, backend=c.backend) for c in view.columns),
+    )
+    try:
+        await store.save_round(compare_round)
+    except StoreError as error:
+        await say(text("storage_failed", lang(), problem=str(error)))
+
+
+async def _store_replies(view: RoundView, user_text: str) -> None:
+    state = app_state()
+    store = await state.storage()
+    for column in view.columns:
+        if column.plan is None or column.record is None:
+            continue
+        reply = stored_reply(column.plan, column.record, user_text=user_text, reply_text=column.text,
+                             mode="blind" if view.settings.blind else "compare",
+                             thread_id=cl.context.session.thread_id, user_identifier=current_user(),
+                             round_id=view.round_id, column_label=column.label)
+        if await state.save_reply(reply) and store is not None:
+            try:
+                await store.set_round_reply(view.round_id, column.label, reply.id)
+            except StoreError as error:
+                await say(text("storage_failed", lang(), problem=str(error)))
+
+
+def _parse_vote(payload: Any) -> Vote:
+    """A vote action's payload as a Vote; anything the element cannot send is refused."""
+    if not isinstance(payload, dict):
+        raise ValueError("the vote is not an object")
+    round_id, outcome = payload.get("round_id"), payload.get("outcome")
+    winner, judgements = payload.get("winner"), payload.get("judgements") or {}
+    comment = payload.get("comment") or ""
+    if not isinstance(round_id, str) or not round_id:
+        raise ValueError("the vote names no round")
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome {str(outcome)[:40]!r} is not one of {', '.join(OUTCOMES)}")
+    if winner is not None and not isinstance(winner, str):
+        raise ValueError("the winner must be a column label")
+    if not isinstance(judgements, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in judgements.items()):
+        raise ValueError("judgements must map column labels to good or bad")
+    if not isinstance(comment, str) or len(comment) > MAX_COMMENT_CHARS:
+        raise ValueError(f"the comment must be text of at most {MAX_COMMENT_CHARS} characters")
+    return Vote(round_id=round_id, outcome=outcome, winner_label=winner, judgements=dict(judgements),
+                comment=comment.strip(), user_identifier=current_user())
+
+
+async def vote(payload: Any) -> dict:
+    """Cast the vote on a round of this chat, then reveal it. Returns {"ok", "message"} to the element."""
+    lang_code = lang()
+    try:
+        ballot = _parse_vote(payload)
+    except ValueError as error:
+        return await _vote_refused(str(error))
+    view = _rounds().get(ballot.round_id)
+    store = await app_state().storage()
+    if store is None:
+        return await _vote_refused(text("storage_unavailable", lang_code, problem=app_state().storage_problem))
+    if view is None:
+        stored = await store.get_round(ballot.round_id)
+        if stored is None:
+            return await _vote_refused(text("vote_no_round", lang_code))
+        return await _vote_refused(text("vote_other_chat", lang_code))
+    if not view.final:
+        return await _vote_refused(text("vote_too_early", lang_code))
+    try:
+        await store.cast_vote(ballot)
+    except StoreError as error:
+        return await _vote_refused(str(error))
+    view.vote = {"outcome": ballot.outcome, "winner": ballot.winner_label, "judgements": ballot.judgements}
+    view.element.props = view.props(lang_code)
+    await view.element.update()
+    names = ", ".join(f"**{c.label}** = {c.backend_label}" + (f" (`{c.model}`)" if c.model else "")
+                      for c in view.columns)
+    message = text("vote_recorded", lang_code, names=names)
+    await say(message)
+    return {"ok": True, "message": message}
+
+
+async def _vote_refused(reason: str) -> dict:
+    message = text("vote_refused", lang(), reason=reason)
+    await say(message)
+    return {"ok": False, "message": message}
