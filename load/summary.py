@@ -1,0 +1,231 @@
+"""The classroom load test's summary, from what one run left in its results folder.
+
+Reads `chat-records-*.jsonl` (one line per chat opened, per message and per
+health probe, written by the locustfile) and `rss.csv` (the app's memory, from
+rss_sampler.py). Prints a few lines for a
+person, the last one always
+
+    users=U messages=M replied=R errors=E p50_reply_s=X p99_reply_s=Y max_rss_mb=Z
+
+Counts: every message sent is one record; `replied` have their whole reply,
+`errors` failed (app error, empty reply, timeout, lost socket); the rest were
+still in flight when the run ended (`unfinished`). Percentiles are exact
+(nearest rank) over replied messages; a missing figure prints as `na`.
+
+Run: `python -m load.summary RESULTS_DIR --users 30`. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+FAILED_OUTCOMES = ("error", "empty", "timeout", "disconnected")
+WARM_UP_S = 30.0
+
+
+def percentile(values: Iterable[float], fraction: float) -> float | None:
+    """Nearest-rank percentile (`fraction` in (0, 1]); None without values."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+@dataclass(frozen=True)
+class HealthFigures:
+    """The health probe's answers during the run (seconds)."""
+
+    probes: int
+    failures: int
+    p50_s: float | None
+    p99_s: float | None
+    max_s: float | None
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """The app's RSS (MB): first sample, at the end of warm-up, at the end, and the maximum."""
+
+    first_mb: float
+    after_warm_up_mb: float
+    last_mb: float
+    max_mb: float
+    max_after_warm_up_mb: float
+    warm_up_s: float
+
+
+@dataclass
+class Summary:
+    users: int
+    chats_opened: int = 0
+    chat_failures: list[str] = field(default_factory=list)
+    messages: int = 0
+    replied: int = 0
+    errors: int = 0
+    unfinished: int = 0
+    failures_by_kind: Counter = field(default_factory=Counter)
+    reply_s: list[float] = field(default_factory=list)
+    first_token_s: list[float] = field(default_factory=list)
+    queued: int = 0
+    queue_max_position: int = 0
+    queued_never_moved: int = 0
+    queued_unanswered: int = 0
+    health_s: list[float] = field(default_factory=list)
+    health_failures: int = 0
+    memory: MemoryFigures | None = None
+
+    @property
+    def health(self) -> HealthFigures | None:
+        probes = len(self.health_s) + self.health_failures
+        if not probes:
+            return None
+        return HealthFigures(probes, self.health_failures, percentile(self.health_s, 0.5),
+                             percentile(self.health_s, 0.99), max(self.health_s, default=None))
+
+    def last_line(self) -> str:
+        return (f"users={self.users} messages={self.messages} replied={self.replied} errors={self.errors} "
+                f"p50_reply_s={_figure(percentile(self.reply_s, 0.50))} "
+                f"p99_reply_s={_figure(percentile(self.reply_s, 0.99))} "
+                f"max_rss_mb={_figure(self.memory.max_mb if self.memory else None, 1)}")
+
+
+def _figure(value: float | None, digits: int = 2) -> str:
+    return "na" if value is None else f"{value:.{digits}f}"
+
+
+def _s(seconds: float | None) -> str:
+    return "na" if seconds is None else f"{seconds:.2f} s"
+
+
+def _ms(seconds: float | None) -> str:
+    return "na" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def _failure_kind(record: dict) -> str:
+    """"timeout", "empty", ... or "app error: <the error message's first line>"."""
+    error = (record.get("error") or "").strip()
+    if record["outcome"] == "error" and error:
+        return "app error: " + error.splitlines()[0][:100]
+    return record["outcome"]
+
+
+def summarize_records(records: Iterable[dict], users: int) -> Summary:
+    """Counts and latencies from the locustfile's JSON lines."""
+    summary = Summary(users=users)
+    for record in records:
+        if record.get("kind") == "health":
+            if record.get("ok"):
+                summary.health_s.append(record["health_s"])
+            else:
+                summary.health_failures += 1
+            continue
+        if record.get("kind") == "open":
+            if record.get("ok"):
+                summary.chats_opened += 1
+            else:
+                summary.chat_failures.append(str(record.get("error")))
+            continue
+        summary.messages += 1
+        outcome = record.get("outcome")
+        if outcome == "replied":
+            summary.replied += 1
+            summary.reply_s.append(record["reply_s"])
+        elif outcome in FAILED_OUTCOMES:
+            summary.errors += 1
+            summary.failures_by_kind[_failure_kind(record)] += 1
+        else:
+            summary.unfinished += 1
+        if record.get("first_token_s") is not None:
+            summary.first_token_s.append(record["first_token_s"])
+        positions = record.get("queue_positions") or []
+        if positions:
+            summary.queued += 1
+            summary.queue_max_position = max(summary.queue_max_position, max(positions))
+            if not any(later < earlier for earlier, later in zip(positions, positions[1:])) \
+                    and outcome != "replied":
+                summary.queued_never_moved += 1
+            if outcome != "replied":
+                summary.queued_unanswered += 1
+    return summary
+
+
+def memory_from_samples(samples: list[tuple[float, float]], warm_up_s: float = WARM_UP_S) -> MemoryFigures | None:
+    """RSS figures from (elapsed_s, rss_mb) samples; warm-up is the first `warm_up_s` (at most half the run)."""
+    if not samples:
+        return None
+    warm_up_s = min(warm_up_s, samples[-1][0] / 2)
+    after = [rss for elapsed, rss in samples if elapsed >= warm_up_s] or [samples[-1][1]]
+    return MemoryFigures(
+        first_mb=samples[0][1], after_warm_up_mb=after[0], last_mb=samples[-1][1],
+        max_mb=max(rss for _, rss in samples), max_after_warm_up_mb=max(after), warm_up_s=warm_up_s,
+    )
+
+
+def read_results(folder: Path, users: int) -> Summary:
+    records = []
+    for path in sorted(folder.glob("chat-records-*.jsonl")):
+        records += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    summary = summarize_records(records, users)
+    rss = folder / "rss.csv"
+    if rss.exists():
+        with open(rss, newline="", encoding="utf-8") as rows:
+            samples = [(float(row["elapsed_s"]), float(row["rss_mb"])) for row in csv.DictReader(rows)]
+        summary.memory = memory_from_samples(samples)
+    return summary
+
+
+def report_lines(summary: Summary) -> list[str]:
+    """The human summary; the last line is the machine-readable one."""
+    s = summary
+    lines = [f"chats opened: {s.chats_opened} (users: {s.users})"
+             + (f", {len(s.chat_failures)} failed to open: {Counter(s.chat_failures).most_common(3)}"
+                if s.chat_failures else "")]
+    lines.append(f"messages: {s.messages} sent, {s.replied} replied, {s.errors} failed, "
+                 f"{s.unfinished} still in flight at the end")
+    for kind, count in s.failures_by_kind.most_common():
+        lines.append(f"  failed: {count} x {kind}")
+    lines.append(f"reply (sent -> whole reply): p50 {_s(percentile(s.reply_s, 0.5))}, "
+                 f"p90 {_s(percentile(s.reply_s, 0.9))}, p99 {_s(percentile(s.reply_s, 0.99))}, "
+                 f"max {_s(max(s.reply_s, default=None))}")
+    lines.append(f"first text (sent -> first token on screen): p50 {_s(percentile(s.first_token_s, 0.5))}, "
+                 f"p99 {_s(percentile(s.first_token_s, 0.99))}")
+    if s.queued:
+        lines.append(f"queue: {s.queued} messages waited with a visible place (highest place {s.queue_max_position}); "
+                     f"{s.queued_unanswered} of them got no whole reply, {s.queued_never_moved} of those "
+                     "never saw their place move")
+    else:
+        lines.append("queue: no message saw a queue place")
+    health = s.health
+    if health:
+        lines.append(f"health (GET /health during the run, {health.probes} probes, {health.failures} failed): "
+                     f"p50 {_ms(health.p50_s)}, p99 {_ms(health.p99_s)}, max {_ms(health.max_s)}")
+    else:
+        lines.append("health: no probe answered")
+    if s.memory:
+        m = s.memory
+        lines.append(f"app memory (RSS of its process tree): start {m.first_mb:.0f} MB, after {m.warm_up_s:.0f} s "
+                     f"warm-up {m.after_warm_up_mb:.0f} MB, end {m.last_mb:.0f} MB, max {m.max_mb:.0f} MB "
+                     f"(growth after warm-up {m.max_after_warm_up_mb - m.after_warm_up_mb:+.0f} MB)")
+    else:
+        lines.append("app memory: no samples")
+    lines.append(s.last_line())
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Summarise one classroom load run.")
+    parser.add_argument("results", type=Path, help="the run's results folder")
+    parser.add_argument("--users", type=int, required=True, help="simulated users asked for")
+    args = parser.parse_args(argv)
+    print("\n".join(report_lines(read_results(args.results, args.users))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""scripts/classroom_load.sh: its bounds, its summary, and one short real Locust run.
+
+The real run starts its own app (and the paced test server) from this repo. It
+lives in its own test module because stopping a Chainlit app deletes the app
+root's `.files/`, which would break another app of the same root still running
+(module-scoped app fixtures end with their module).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from load.summary import memory_from_samples, percentile, report_lines, summarize_records
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "classroom_load.sh"
+LAST_LINE = re.compile(
+    r"^users=(?P<users>\d+) messages=(?P<messages>\d+) replied=(?P<replied>\d+) errors=(?P<errors>\d+) "
+    r"p50_reply_s=(?P<p50>[\d.]+|na) p99_reply_s=(?P<p99>[\d.]+|na) max_rss_mb=(?P<rss>[\d.]+|na)$"
+)
+
+
+def run_script(*args: str, env: dict[str, str] | None = None, timeout_s: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout_s, env=env)
+
+
+# ---------------------------------------------------------------- bounds (nothing starts)
+
+
+@pytest.mark.parametrize("args, complaint", [
+    (["--users", "5", "--minutes", "1", "--host", "http://10.0.0.5:8000"], "loopback"),
+    (["--users", "5", "--minutes", "1", "--host", "http://example.com"], "loopback"),
+    (["--users", "61", "--minutes", "1"], "--users must be 1..60"),
+    (["--users", "5", "--minutes", "16"], "--minutes must give 10 s .. 15 min"),
+    (["--users", "5", "--minutes", "0.1"], "--minutes must give 10 s .. 15 min"),
+    (["--users", "5", "--minutes", "1", "--paced-server", "--backend", "vllm"], "one backend, 'paced'"),
+])
+def test_the_script_refuses_what_is_out_of_bounds_before_starting_anything(args, complaint):
+    result = run_script(*args)
+    assert result.returncode == 2
+    assert complaint in result.stderr
+    assert "Starting" not in result.stdout and "Setting up" not in result.stdout
+
+
+# ---------------------------------------------------------------- the summary
+
+
+def test_percentiles_are_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50.0 and percentile(values, 0.99) == 99.0
+    assert percentile([3.0], 0.99) == 3.0 and percentile([], 0.5) is None
+
+
+def test_summary_counts_every_message_once_and_ends_with_the_machine_line():
+    records = [
+        {"kind": "open", "ok": True}, {"kind": "open", "ok": True},
+        {"kind": "open", "ok": False, "error": "the chat did not start within 60 s"},
+        {"kind": "message", "outcome": "replied", "reply_s": 1.0, "first_token_s": 0.1, "queue_positions": []},
+        {"kind": "message", "outcome": "replied", "reply_s": 3.0, "first_token_s": 2.0, "queue_positions": [2, 1]},
+        {"kind": "message", "outcome": "timeout", "reply_s": None, "first_token_s": None, "queue_positions": [4, 4]},
+        {"kind": "message", "outcome": "error", "error": "⚠️ **vLLM** could not answer.\n\nreason",
+         "reply_s": 0.2, "first_token_s": None, "queue_positions": []},
+        {"kind": "message", "outcome": "unfinished", "reply_s": None, "first_token_s": None, "queue_positions": []},
+        {"kind": "health", "ok": True, "health_s": 0.004}, {"kind": "health", "ok": False, "health_s": 10.0},
+    ]
+    summary = summarize_records(records, users=3)
+    summary.memory = memory_from_samples([(0.0, 100.0), (40.0, 300.0), (80.0, 310.0), (120.0, 305.0)])
+    lines = report_lines(summary)
+    assert lines[-1] == ("users=3 messages=5 replied=2 errors=2 p50_reply_s=1.00 p99_reply_s=3.00 "
+                         "max_rss_mb=310.0")
+    text = "\n".join(lines)
+    assert "1 failed to open" in text
+    assert "1 x timeout" in text and "1 x app error: ⚠️ **vLLM** could not answer." in text
+    assert "1 still in flight" in text
+    assert "highest place 4" in text and "1 of them got no whole reply, 1 of those never saw their place move" in text
+    assert "2 probes, 1 failed" in text and "p99 4 ms" in text
+    assert "warm-up 300 MB" in text and "growth after warm-up +10 MB" in text
+
+
+# ---------------------------------------------------------------- a real run
+
+
+@pytest.mark.slow
+def test_a_short_real_run_against_the_paced_server(tmp_path: Path):
+    env = {
+        **dict(__import__("os").environ),
+        "APP_VENV": sys.prefix,  # the app's venv is the one running these tests
+        "LOAD_THINK_MIN_S": "1", "LOAD_THINK_MAX_S": "3",
+        "PACED_RATE": "100", "PACED_TOKENS": "50",
+    }
+    results = tmp_path / "results"
+    result = run_script("--users", "5", "--minutes", "0.34", "--spawn-rate", "5", "--paced-server",
+                        "--results", str(results), env=env, timeout_s=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    last = LAST_LINE.match(result.stdout.strip().splitlines()[-1])
+    assert last, result.stdout[-2000:]
+    users, messages, replied, errors = (int(last[k]) for k in ("users", "messages", "replied", "errors"))
+    assert users == 5
+    assert errors == 0 and 5 <= replied <= messages
+    assert float(last["p50"]) <= float(last["p99"]) < 10
+    assert float(last["rss"]) > 50
+    assert "p99" in result.stdout and "health" in result.stdout
+    opens = [json.loads(line) for path in results.glob("chat-records-*.jsonl")
+             for line in path.read_text().splitlines() if '"kind": "open"' in line]
+    assert len(opens) == 5 and all(o["ok"] and o["transport"] == "websocket" for o in opens)
+    # Locust's own final table counts the same replies. (Its _stats.csv can miss replies that
+    # finished during --stop-timeout: Locust writes it before the last users stop.)
+    table = (results / "locust.log").read_text()
+    reply_row = next(line for line in table.splitlines() if re.match(r"^chat +reply ", line))
+    assert int(reply_row.split()[2]) == replied
