@@ -1,0 +1,423 @@
+"""Compare and blind rounds in a real browser, against real backends.
+
+Three real backends stream into three columns: the embedded llama.cpp model,
+the real vLLM server and the TGI-protocol test server (both serve the same
+bundled SmolLM2). Replies are kept short; waits are generous (2 shared cores).
+Storage is a real database: a SQLite file here, and PostgreSQL (a throwaway
+cluster) in the restart test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from urllib.parse import urlparse
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from backends.base import ChatMessage
+from backends.llamacpp import LlamaCppBackend
+from backends.openai_compat import OpenAICompatBackend
+from config import BackendConfig
+from store import Store
+from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url, start_paced_server
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.vllm]
+
+READY_TIMEOUT_MS = 180_000
+ROUND_TIMEOUT_S = 240.0
+LABELS = {"llama_cpp": "llama.cpp (embedded)", "vllm": "vLLM", "tgi": "TGI"}
+
+SNAPSHOT_JS = """
+(withHtml) => {
+  const grids = [...document.querySelectorAll('[data-testid="compare"]')];
+  const grid = grids[grids.length - 1];
+  if (!grid) return null;
+  const columns = [...grid.querySelectorAll('[data-testid^="column-"][data-state]')].map((c) => {
+    const pick = (id) => { const e = c.querySelector(`[data-testid="${id}"]`); return e ? e.innerText.trim() : null; };
+    const cell = (id) => { const e = c.querySelector(`[data-testid="${id}"] .font-mono`); return e ? e.innerText.trim() : null; };
+    return {label: pick("column-label"), state: c.dataset.state, text: pick("column-text") || "",
+            backend: pick("column-backend"), model: pick("column-model"), error: pick("column-error"),
+            tokens: cell("metrics-tokens"), ttft: cell("metrics-ttft")};
+  });
+  return {count: grids.length, final: grid.dataset.final === "true", blind: grid.dataset.blind === "true",
+          revealed: grid.dataset.revealed === "true", html: withHtml ? grid.innerHTML : null, columns};
+}
+"""
+
+
+def database_url(tmp_path_factory, name: str) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp(name) / 'lab.db'}"
+
+
+def run(coroutine):
+    """Run a coroutine to its end from a sync test (Playwright's sync API holds this thread's loop)."""
+    outcome: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as error:  # handed back to the test below
+            outcome["error"] = error
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+async def stored(url: str, what: str, *args):
+    store = await Store.open(url)
+    try:
+        return await getattr(store, what)(*args)
+    finally:
+        await store.aclose()
+
+
+def three_backends_env(vllm_base_url: str, tgi_server, **more: str) -> dict[str, str]:
+    return {
+        "BACKENDS": "llama_cpp,vllm,tgi,down",
+        "VLLM_BASE_URL": vllm_base_url,
+        "TGI_BASE_URL": tgi_server.url,
+        **backend_env("down", kind="openai", base_url=closed_loopback_url(), label="Down server", connect_timeout_s="2"),
+        "DEFAULT_TEMPERATURE": "0",
+        "DEFAULT_SYSTEM_PROMPT": "none",
+        "DEFAULT_MAX_NEW_TOKENS": "64",
+        **more,
+    }
+
+
+def open_chat(page: Page, app: AppServer, model_hint: str) -> None:
+    page.goto(app.url)
+    expect(page.locator('.step[data-step-type="assistant_message"]', has_text=model_hint).first).to_be_visible(
+        timeout=READY_TIMEOUT_MS)
+
+
+def send(page: Page, text: str) -> None:
+    page.locator("#chat-input").fill(text)
+    page.locator("#chat-submit").click()
+
+
+def watch_round(page: Page, previous_count: int, timeout_s: float = ROUND_TIMEOUT_S) -> list[dict]:
+    """Snapshots of the newest round (after `previous_count` rounds) every 40 ms until it is final."""
+    snapshots = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snapshot = page.evaluate(SNAPSHOT_JS, False)
+        if snapshot and snapshot["count"] > previous_count:
+            snapshots.append(snapshot)
+            if snapshot["final"]:
+                return snapshots
+        time.sleep(0.02)
+    raise AssertionError(f"the round did not finish; last seen: {snapshots[-1:] and snapshots[-1]['columns']}")
+
+
+def rounds_on_page(page: Page) -> int:
+    snapshot = page.evaluate(SNAPSHOT_JS, False)
+    return snapshot["count"] if snapshot else 0
+
+
+def change_settings(page: Page, **selects: str) -> None:
+    """Pick an option (by its visible name) in each Select widget of the settings panel, then confirm."""
+    page.locator("#chat-settings-open-modal").click()
+    for widget, option in selects.items():
+        page.locator(f"#{widget}").click()
+        page.get_by_role("option", name=option).click()
+    page.locator("#confirm").click()
+    expect(page.locator(".step", has_text="from your next message").last).to_be_visible()
+
+
+def latest_round(url: str):
+    rounds = run(stored(url, "rounds", 1))
+    assert rounds, "no round stored"
+    return rounds[0]
+
+
+def round_replies(url: str, round_id: str) -> dict[str, object]:
+    """backend name -> stored reply of that round."""
+    replies = run(stored(url, "replies", 100))
+    return {reply.backend: reply for reply in replies if reply.round_id == round_id}
+
+
+async def expected_prompt_tokens(kind: str, base_url: str, messages: list[ChatMessage]) -> int:
+    if kind == "vllm":
+        backend = OpenAICompatBackend(BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=base_url))
+    else:
+        backend = LlamaCppBackend(BackendConfig(name="llama_cpp", kind="llamacpp", label="llama.cpp"))
+    try:
+        return await backend.count_prompt_tokens(messages)
+    finally:
+        await backend.aclose()
+
+
+# ---------------------------------------------------------------- compare
+
+
+@pytest.fixture(scope="module")
+def compare_db(tmp_path_factory) -> str:
+    return database_url(tmp_path_factory, "compare")
+
+
+@pytest.fixture(scope="module")
+def compare_app(app_factory, vllm_base_url, tgi_server, compare_db) -> AppServer:
+    env = three_backends_env(vllm_base_url, tgi_server, DEFAULT_MODE="compare",
+                             DEFAULT_COMPARE_BACKENDS="llama_cpp,vllm,tgi", DATABASE_URL=compare_db)
+    return app_factory(env, name="chainlit-compare")
+
+
+def test_compare_streams_three_real_backends_live_with_each_its_own_thread(
+        page: Page, compare_app: AppServer, compare_db: str, vllm_base_url: str, tgi_server):
+    open_chat(page, compare_app, tgi_server.model_id)
+    first_question, second_question = "Name three colours.", "And two more?"
+    for question, run_order in ((first_question, "sequential"), (second_question, "concurrent")):
+        if run_order == "concurrent":
+            change_settings(page, run_order="Concurrent (all at once)")
+        before = rounds_on_page(page)
+        send(page, question)
+        snapshots = watch_round(page, before)
+        final = snapshots[-1]
+        assert [c["label"] for c in final["columns"]] == ["A", "B", "C"]
+        assert [c["backend"] for c in final["columns"]] == [LABELS["llama_cpp"], LABELS["vllm"], LABELS["tgi"]]
+        assert all(c["state"] == "completed" and c["text"].strip() for c in final["columns"]), final["columns"]
+        assert all(c["tokens"] and c["ttft"] for c in final["columns"]), "every column shows its own figures"
+        # Each column updated live: several distinct partial texts before its final one.
+        for index in range(3):
+            whole = final["columns"][index]["text"]
+            partial = {s["columns"][index]["text"] for s in snapshots
+                       if s["columns"][index]["text"] and s["columns"][index]["text"] != whole}
+            assert len(partial) >= 2, f"column {index} did not stream live: {partial}"
+        stored_round = latest_round(compare_db)
+        assert stored_round.run_order == run_order and stored_round.mode == "compare"
+
+    # Round two: every backend received the same new prompt after its own thread.
+    first_round, second_round = run(stored(compare_db, "rounds", 2))[::-1]
+    first, second = round_replies(compare_db, first_round.id), round_replies(compare_db, second_round.id)
+    assert {reply.prompt for reply in second.values()} == {second_question}
+    assert len({json.dumps(reply.settings_sent["chosen"], sort_keys=True) for reply in second.values()}) == 1
+    tgi_body = [r for r in run(tgi_server.requests()) if r["path"] == "/v1/chat/completions"][-1]["body"]
+    assert tgi_body["messages"] == [{"role": "user", "content": first_question},
+                                    {"role": "assistant", "content": first["tgi"].reply_text},
+                                    {"role": "user", "content": second_question}]
+    for kind in ("vllm", "llama_cpp"):
+        thread = [ChatMessage("user", first_question), ChatMessage("assistant", first[kind].reply_text),
+                  ChatMessage("user", second_question)]
+        received = second[kind].record["server"]["input_tokens"]
+        assert received == run(expected_prompt_tokens(kind, vllm_base_url, thread)), kind
+
+
+@pytest.fixture(scope="module")
+def compare_with_a_down_backend(app_factory, vllm_base_url, tgi_server, tmp_path_factory) -> AppServer:
+    env = three_backends_env(vllm_base_url, tgi_server, DEFAULT_MODE="compare", DEFAULT_RUN_ORDER="concurrent",
+                             DEFAULT_COMPARE_BACKENDS="tgi,down,llama_cpp",
+                             DATABASE_URL=database_url(tmp_path_factory, "down"))
+    return app_factory(env, name="chainlit-compare-down")
+
+
+def test_one_backend_down_leaves_the_other_columns_working(
+        page: Page, compare_with_a_down_backend: AppServer, tgi_server):
+    open_chat(page, compare_with_a_down_backend, tgi_server.model_id)
+    send(page, "Name a fruit.")
+    final = watch_round(page, 0)[-1]
+    states = {c["backend"]: c for c in final["columns"]}
+    assert states["Down server"]["state"] == "error"
+    assert "not reachable" in states["Down server"]["error"]
+    assert states[LABELS["tgi"]]["state"] == "completed" and states[LABELS["tgi"]]["text"].strip()
+    assert states[LABELS["llama_cpp"]]["state"] == "completed" and states[LABELS["llama_cpp"]]["text"].strip()
+
+
+@pytest.fixture(scope="module")
+def long_compare_app(app_factory, vllm_base_url, tgi_server, tmp_path_factory) -> AppServer:
+    env = three_backends_env(vllm_base_url, tgi_server, DEFAULT_MODE="compare", DEFAULT_RUN_ORDER="concurrent",
+                             DEFAULT_COMPARE_BACKENDS="llama_cpp,vllm,tgi", DEFAULT_MAX_NEW_TOKENS="1024",
+                             DATABASE_URL=database_url(tmp_path_factory, "stop"))
+    return app_factory(env, name="chainlit-compare-stop")
+
+
+def test_stop_ends_every_columns_request_and_keeps_the_partial_texts(
+        page: Page, long_compare_app: AppServer, tgi_server, vllm_base_url):
+    from tests.test_vllm_backend import metric_value
+
+    root = vllm_base_url.removesuffix("/v1")
+    open_chat(page, long_compare_app, tgi_server.model_id)
+    send(page, "Write a very long story about a dragon and a knight.")
+    deadline = time.monotonic() + ROUND_TIMEOUT_S
+    while True:
+        snapshot = page.evaluate(SNAPSHOT_JS, False)
+        if snapshot and all(c["state"] == "streaming" and len(c["text"].split()) >= 3 for c in snapshot["columns"]):
+            break
+        assert time.monotonic() < deadline, "not every column started streaming"
+        time.sleep(0.05)
+    page.locator("#stop-button").click()
+    final = watch_round(page, 0, timeout_s=60)[-1]
+    assert [c["state"] for c in final["columns"]] == ["stopped"] * 3, final["columns"]
+    assert all(c["text"].strip() for c in final["columns"]), "each column keeps its partial text"
+    # The requests ended on the servers, long before their 1024-token cap.
+    deadline = time.monotonic() + 15
+    while metric_value(root, "vllm:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "vLLM kept generating after Stop"
+        time.sleep(0.2)
+    generation = run(tgi_server.generations())[-1]
+    assert generation["status"] == "cancelled" and generation["generated_tokens"] < 1024
+    assert all(int(c["tokens"].rstrip(" ≈")) < 1024 for c in final["columns"])
+
+
+# ---------------------------------------------------------------- blind
+
+
+@pytest.fixture(scope="module")
+def blind_db(tmp_path_factory) -> str:
+    return database_url(tmp_path_factory, "blind")
+
+
+@pytest.fixture(scope="module")
+def blind_app(app_factory, vllm_base_url, tgi_server, blind_db) -> AppServer:
+    env = three_backends_env(vllm_base_url, tgi_server, DEFAULT_MODE="blind",
+                             DEFAULT_COMPARE_BACKENDS="llama_cpp,vllm,tgi", DATABASE_URL=blind_db)
+    return app_factory(env, name="chainlit-blind")
+
+
+def collect_frames(page: Page) -> dict[str, list[str]]:
+    """Every websocket frame the page receives and sends, as text."""
+    frames: dict[str, list[str]] = {"received": [], "sent": []}
+
+    def as_text(payload) -> str:
+        return payload if isinstance(payload, str) else payload.decode("utf-8", "replace")
+
+    def on_socket(ws) -> None:
+        ws.on("framereceived", lambda payload: frames["received"].append(as_text(payload)))
+        ws.on("framesent", lambda payload: frames["sent"].append(as_text(payload)))
+
+    def on_request(request) -> None:
+        # socket.io connects over HTTP long-polling first: its CONNECT packet is a POST body.
+        if "/ws/socket.io" in request.url and request.method == "POST" and request.post_data:
+            frames["sent"].append(request.post_data)
+
+    page.on("websocket", on_socket)
+    page.on("request", on_request)
+    return frames
+
+
+def session_id(frames: dict[str, list[str]]) -> str:
+    """The socket.io session id the page sent when it connected (what /project/action needs)."""
+    for frame in frames["sent"]:
+        start = frame.find('40{')
+        if start >= 0 and "sessionId" in frame:
+            return json.loads(frame[start + 2:].split("\x1e")[0])["sessionId"]
+    raise AssertionError("no socket.io connect frame seen")
+
+
+def post_action(page: Page, app: AppServer, frames, payload: dict) -> dict:
+    response = page.request.post(f"{app.url}/project/action",
+                                 data={"sessionId": session_id(frames), "action": {"name": "vote", "payload": payload}})
+    assert response.ok, response.text()
+    return response.json()["response"]
+
+
+def identifying_words(vllm_base_url: str, tgi_server) -> list[str]:
+    return [*LABELS.values(), "llama_cpp", "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1",
+            urlparse(vllm_base_url).netloc, urlparse(tgi_server.url).netloc, "in-process"]
+
+
+def test_blind_round_sends_no_names_until_the_vote_then_reveals_and_counts_it(
+        page: Page, blind_app: AppServer, blind_db: str, vllm_base_url: str, tgi_server):
+    frames = collect_frames(page)
+    open_chat(page, blind_app, tgi_server.model_id)
+    page.wait_for_timeout(1500)  # Playwright hands frames to Python only while it waits: take them all
+    received_before = len(frames["received"])
+    send(page, "List three fruits.")
+    watch_round(page, 0)
+    final = page.evaluate(SNAPSHOT_JS, True)
+    assert final["blind"] and not final["revealed"]
+    secrets = identifying_words(vllm_base_url, tgi_server)
+    after_send = "".join(frames["received"][received_before:])
+    for word in secrets:
+        assert word not in final["html"], f"{word!r} is in the blind round's element"
+        offenders = [frame[:60] for frame in frames["received"][received_before:] if word in frame]
+        assert not offenders, f"{word!r} was sent to the browser before the vote, in {offenders}"
+    assert all(c["backend"] is None and c["tokens"] is None for c in final["columns"])
+    assert all(c["state"] == "completed" and c["text"].strip() for c in final["columns"])
+
+    page.locator('[data-testid="vote-B"]').click()
+    expect(page.locator('[data-testid="vote-summary"]')).to_contain_text("B better")
+    revealed = page.evaluate(SNAPSHOT_JS, False)
+    assert revealed["revealed"]
+    stored_round = latest_round(blind_db)
+    backend_of = {column.label: column.backend for column in stored_round.columns}
+    assert sorted(backend_of.values()) == ["llama_cpp", "tgi", "vllm"]
+    assert {c["label"]: c["backend"] for c in revealed["columns"]} == {
+        label: LABELS[name] for label, name in backend_of.items()}
+    votes = run(stored(blind_db, "votes"))
+    assert len(votes) == 1 and votes[0].vote.outcome == "win" and votes[0].winner_backend == backend_of["B"]
+
+    # A repeated vote, and one for a round that does not exist, are refused with a clear message.
+    again = post_action(page, blind_app, frames, {"round_id": stored_round.id, "outcome": "win", "winner": "A"})
+    assert again["ok"] is False and "already" in again["message"]
+    forged = post_action(page, blind_app, frames, {"round_id": "no-such-round", "outcome": "tie"})
+    assert forged["ok"] is False and "no such round" in forged["message"]
+    odd = post_action(page, blind_app, frames, {"round_id": stored_round.id, "outcome": "landslide"})
+    assert odd["ok"] is False and "outcome" in odd["message"]
+    assert len(run(stored(blind_db, "votes"))) == 1
+
+    send(page, "/leaderboard")
+    board = page.locator(".step", has_text="Leaderboard").last
+    expect(board).to_contain_text("ratings from 1 blind vote")
+    winner = backend_of["B"]
+    expect(board.locator("tr", has_text=winner).first).to_be_visible()
+    expect(board).to_contain_text("Only 1 vote")
+
+
+# ---------------------------------------------------------------- storage across a restart
+
+
+@pytest.fixture(scope="module")
+def paced_pair() -> tuple[PacedServer, PacedServer]:
+    first = start_paced_server(rate_tokens_per_s=200, tokens=12, name="paced-restart-a")
+    second = start_paced_server(rate_tokens_per_s=150, tokens=10, name="paced-restart-b")
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def restart_database(request, tmp_path_factory) -> str:
+    """A fresh database: a SQLite file, or a new database on the throwaway PostgreSQL cluster."""
+    if request.param == "sqlite":
+        return database_url(tmp_path_factory, "restart")
+    from tests.fixtures_postgres import new_postgres_database
+
+    return run(new_postgres_database(request.getfixturevalue("postgres_url")))
+
+
+def test_a_round_and_its_vote_survive_an_app_restart(page: Page, app_factory, paced_pair, restart_database):
+    first, second = paced_pair
+    env = {
+        "BACKENDS": "left,right",
+        **backend_env("left", kind="openai", base_url=first.base_url, label="Left engine"),
+        **backend_env("right", kind="openai", base_url=second.base_url, label="Right engine"),
+        "DEFAULT_MODE": "blind", "DEFAULT_COMPARE_BACKENDS": "left,right", "DEFAULT_SYSTEM_PROMPT": "none",
+        "DATABASE_URL": restart_database,
+    }
+    app = app_factory(env, name="chainlit-restart-before")
+    open_chat(page, app, "paced-test-model")
+    send(page, "Hello, both of you.")
+    watch_round(page, 0)
+    page.locator('[data-testid="vote-tie"]').click()
+    expect(page.locator('[data-testid="vote-summary"]')).to_contain_text("Tie")
+    stored_round = latest_round(restart_database)
+    app.stop()
+
+    restarted = app_factory(env, name="chainlit-restart-after")
+    assert run(stored(restarted.env["DATABASE_URL"], "get_round", stored_round.id)) == stored_round
+    votes = [v for v in run(stored(restart_database, "votes")) if v.vote.round_id == stored_round.id]
+    assert len(votes) == 1 and votes[0].vote.outcome == "tie"
+    assert len(round_replies(restart_database, stored_round.id)) == 2
+    open_chat(page, restarted, "paced-test-model")
+    send(page, "/leaderboard")
+    board = page.locator(".step", has_text="Leaderboard").last
+    expect(board).to_contain_text("blind vote")
+    expect(board.locator("tr", has_text="left").first).to_be_visible()

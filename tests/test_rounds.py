@@ -1,0 +1,202 @@
+"""Compare and blind rounds without Chainlit or servers: fake backends with queued replies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from backends.base import ChatMessage
+from chat.flow import Refusal, plan_reply
+from chat.settings import SessionSettings
+from compare.rounds import (
+    Column,
+    RoundRun,
+    RoundSettings,
+    RoundSettingsError,
+    assign_labels,
+    round_props,
+    run_order_for,
+    runs_on_this_machine,
+)
+from tests.fakes import FakeBackend, FakeReply, fake_state
+
+WORDS = [f"w{i} " for i in range(20)]
+
+
+def settings_for(state, **values) -> SessionSettings:
+    return SessionSettings.initial(state.defaults, state.presets, state.registry.names)
+
+
+async def columns_for(state, names, user_text="hello", history=None) -> list[Column]:
+    settings = settings_for(state)
+    columns = []
+    for label, name in assign_labels(names, blind=False):
+        plan = await plan_reply(state, settings.for_backend(name), history or [], user_text)
+        column = Column(label=label, backend=name, backend_label=state.registry.get(name).label)
+        if isinstance(plan, Refusal):
+            column.refusal = plan
+        else:
+            column.plan = plan
+        columns.append(column)
+    return columns
+
+
+class Renders:
+    def __init__(self):
+        self.count = 0
+
+    async def __call__(self):
+        self.count += 1
+
+
+def test_labels_keep_the_chosen_order_or_are_shuffled_for_blind():
+    names = ("vllm", "tgi", "llama_cpp")
+    assert assign_labels(names, blind=False) == (("A", "vllm"), ("B", "tgi"), ("C", "llama_cpp"))
+    orders = {tuple(name for _, name in assign_labels(names, blind=True, rng=random.Random(seed))) for seed in range(20)}
+    assert len(orders) > 1 and all(sorted(order) == sorted(names) for order in orders)
+
+
+def test_round_settings_are_checked_with_clear_reasons():
+    configured = ["a", "b", "c", "d", "e"]
+    RoundSettings(("a", "b")).check(configured)
+    for names, words in [(("a",), "choose 2 to 4"), (("a", "b", "c", "d", "e"), "choose 2 to 4"),
+                         (("a", "zz"), r"unknown backend\(s\) zz"), (("a", "a"), "chosen twice")]:
+        with pytest.raises(RoundSettingsError, match=words):
+            RoundSettings(names).check(configured)
+
+
+def test_auto_run_order_is_sequential_when_two_backends_share_this_machine():
+    local_server = FakeBackend("local", url="http://127.0.0.1:8001/v1")
+    embedded = FakeBackend("embedded", kind="llamacpp", url="in-process: model.gguf")
+    remote = FakeBackend("remote", url="http://gpu-box.example:8000/v1")
+    other_remote = FakeBackend("remote2", url="http://10.1.2.3:8080")
+    assert runs_on_this_machine(local_server) and runs_on_this_machine(embedded) and not runs_on_this_machine(remote)
+    auto = RoundSettings(("x", "y"))
+    assert run_order_for(auto, [local_server, embedded]) == "sequential"
+    assert run_order_for(auto, [local_server, remote]) == "concurrent"
+    assert run_order_for(auto, [remote, other_remote]) == "concurrent"
+    assert run_order_for(RoundSettings(("x", "y"), run_order="concurrent"), [local_server, embedded]) == "concurrent"
+
+
+async def test_concurrent_columns_get_the_same_prompt_and_a_slow_one_holds_up_nobody():
+    fast = FakeBackend("fast", replies=[FakeReply(WORDS[:5], 0.01)])
+    slow = FakeBackend("slow", replies=[FakeReply(WORDS, 0.05)])
+    state = fake_state(fast, slow)
+    columns = await columns_for(state, ("fast", "slow"))
+    renders = Renders()
+    run = RoundRun(columns, "concurrent", renders, tick_s=0.05)
+    await run.run()
+    assert [c.state for c in columns] == ["completed", "completed"]
+    assert columns[0].text == "".join(WORDS[:5]) and columns[1].text == "".join(WORDS)
+    # Both started together; the fast one finished long before the slow one.
+    assert abs(fast.started_at[0] - slow.started_at[0]) < 0.05
+    assert fast.ended_at[0] < slow.ended_at[0] - 0.5
+    # Every column got the same conversation and the same sampling settings.
+    assert fast.requests[0].messages == slow.requests[0].messages == (ChatMessage("user", "hello"),)
+    assert fast.requests[0].params == slow.requests[0].params
+    # One render per tick for the whole round, not one per column per token.
+    assert renders.count <= (slow.ended_at[0] - slow.started_at[0]) / 0.05 + 3
+    assert columns[1].record.output_tokens == 20 and columns[1].record.status == "completed"
+
+
+async def test_sequential_columns_run_one_after_another():
+    first = FakeBackend("first", replies=[FakeReply(WORDS[:5], 0.02)])
+    second = FakeBackend("second", replies=[FakeReply(WORDS[:5], 0.02)])
+    columns = await columns_for(fake_state(first, second), ("first", "second"))
+    await RoundRun(columns, "sequential", Renders()).run()
+    assert second.started_at[0] >= first.ended_at[0]
+    assert [c.state for c in columns] == ["completed", "completed"]
+
+
+async def test_a_failing_or_unreachable_backend_breaks_only_its_own_column():
+    good = FakeBackend("good", replies=[FakeReply(WORDS[:6])])
+    failing = FakeBackend("failing", replies=[FakeReply(WORDS, fail_after=3)])
+    down = FakeBackend("down", available=False)
+    columns = await columns_for(fake_state(good, failing, down), ("good", "failing", "down"))
+    assert columns[2].refusal is not None
+    await RoundRun(columns, "concurrent", Renders()).run()
+    assert [c.state for c in columns] == ["completed", "error", "error"]
+    assert columns[0].text == "".join(WORDS[:6])
+    assert columns[1].text == "".join(WORDS[:3])  # the partial text stays
+    assert "overloaded" in columns[1].error_text("en", named=True)
+    assert "not reachable" in columns[2].error_text("en", named=True)
+    assert failing.closed == 1
+
+
+@pytest.mark.parametrize("order", ["concurrent", "sequential"])
+async def test_stop_ends_every_columns_request_and_keeps_the_partial_text(order):
+    a = FakeBackend("a", replies=[FakeReply(WORDS, 0.05)])
+    b = FakeBackend("b", replies=[FakeReply(WORDS, 0.05)])
+    columns = await columns_for(fake_state(a, b), ("a", "b"))
+    run = RoundRun(columns, order, Renders())
+    task = asyncio.create_task(run.run())
+    await asyncio.sleep(0.3)
+    task.cancel()  # what Chainlit does on Stop
+    await task  # the round itself does not raise
+    assert run.stopped
+    assert [c.state for c in columns] == ["stopped", "stopped"]
+    assert columns[0].text and len(columns[0].text) < len("".join(WORDS))
+    assert a.closed == 1 and b.closed == (1 if order == "concurrent" else 0)
+    if order == "sequential":
+        assert columns[1].record is None and columns[1].text == ""  # never sent
+    else:
+        assert columns[1].record.status == "stopped"
+
+
+async def test_a_blind_round_sends_no_names_models_or_figures_before_the_vote():
+    a = FakeBackend("alpha-engine", label="Alpha Engine", replies=[FakeReply(WORDS[:3], 0.01)])
+    b = FakeBackend("beta-engine", label="Beta Engine", replies=[FakeReply(WORDS[:8], 0.03)])
+    columns = await columns_for(fake_state(a, b), ("alpha-engine", "beta-engine"))
+    snapshots = []
+
+    async def render():
+        snapshots.append(round_props(round_id="r1", columns=columns, blind=True, run_order="concurrent",
+                                     reveal="finished", lang="en"))
+
+    await RoundRun(columns, "concurrent", render, tick_s=0.02).run()
+    final = round_props(round_id="r1", columns=columns, blind=True, run_order="concurrent", reveal="finished",
+                        lang="en", final=True)
+    for props in [*snapshots, final]:
+        dumped = json.dumps(props)
+        for secret in ("alpha", "Alpha", "beta", "Beta", "model", "ttft", "figures", "tokens"):
+            assert secret not in dumped, (secret, dumped)
+    # Which column finished first does not show: all "generating" until all have finished, text withheld.
+    streaming_snapshots = [p for p in snapshots if any(c["state"] == "generating" for c in p["columns"])]
+    assert streaming_snapshots
+    assert all({c["state"] for c in p["columns"]} == {"generating"} and all(c["text"] == "" for c in p["columns"])
+               for p in streaming_snapshots)
+    assert [c["text"] for c in final["columns"]] == ["".join(WORDS[:3]), "".join(WORDS[:8])]
+    revealed = round_props(round_id="r1", columns=columns, blind=True, run_order="concurrent", reveal="finished",
+                           lang="en", revealed=True, vote={"outcome": "win", "winner": "A"}, final=True)
+    assert [c["backend"] for c in revealed["columns"]] == ["Alpha Engine", "Beta Engine"]
+    assert revealed["columns"][0]["figures"]["tokens"] == 3
+
+
+async def test_blind_text_at_one_common_pace():
+    a = FakeBackend("a", replies=[FakeReply(WORDS[:10], 0.01)])
+    b = FakeBackend("b", replies=[FakeReply(WORDS[:10], 0.04)])
+    columns = await columns_for(fake_state(a, b), ("a", "b"))
+    shown = []
+
+    async def render():
+        props = round_props(round_id="r", columns=columns, blind=True, run_order="concurrent", reveal="pace", lang="en")
+        shown.append([c["text"] for c in props["columns"]])
+
+    await RoundRun(columns, "concurrent", render, tick_s=0.03).run()
+    while_both_stream = [texts for texts in shown if texts[0] != "".join(WORDS[:10])]
+    # The fast column is never shown ahead of the slow one while both stream.
+    assert all(len(texts[0]) <= len(texts[1]) + 3 for texts in while_both_stream)
+    assert any(texts[1] for texts in shown)
+
+
+async def test_an_unnamed_error_says_what_kind_of_failure_only():
+    failing = FakeBackend("secret-engine", label="Secret Engine", url="http://10.0.0.9:1234/v1",
+                          replies=[FakeReply(WORDS, fail_after=1)])
+    ok = FakeBackend("ok")
+    columns = await columns_for(fake_state(failing, ok), ("secret-engine", "ok"))
+    await RoundRun(columns, "concurrent", Renders()).run()
+    unnamed = columns[0].error_text("en", named=False)
+    assert "capacity" in unnamed and "Secret" not in unnamed and "10.0.0.9" not in unnamed
