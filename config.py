@@ -18,7 +18,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping
 
-from backends.errors import ConfigurationError
+
+class ConfigurationError(ValueError):
+    """A configuration value (from .env) that cannot work, with the variable to fix."""
+
 
 KINDS = ("llamacpp", "vllm", "openai", "tgi")
 DEFAULT_BACKENDS = "llama_cpp,vllm,tgi"

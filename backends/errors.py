@@ -7,6 +7,8 @@ anything else is a bug and is allowed to surface.
 
 from __future__ import annotations
 
+from config import ConfigurationError  # noqa: F401  (raised by the backends too; defined with the settings)
+
 
 class BackendError(Exception):
     """A problem with a backend that a person can act on."""
@@ -65,5 +67,3 @@ class UnknownBackend(LookupError):
         super().__init__(f"Unknown backend {name!r}. Configured backends: {', '.join(known) or 'none'}.")
 
 
-class ConfigurationError(ValueError):
-    """A configuration value (from .env) that cannot work, with the variable to fix."""

@@ -153,6 +153,17 @@ def top_p_to_send(top_p: float) -> float | None:
     return top_p if 0.0 < top_p < 1.0 else None
 
 
+def _sampling_fields(params: GenerationParams, fields: dict[str, Any], notes: list[str]) -> None:
+    """top-p and seed when sampling, the same on both routes (TGI refuses top-p 1.0)."""
+    top_p = top_p_to_send(params.top_p)
+    if top_p is not None:
+        fields["top_p"] = top_p
+    elif params.top_p >= 1.0:
+        notes.append("top-p 1.0 (no filter) is not sent: TGI refuses 1.0")
+    if params.seed is not None:
+        fields["seed"] = params.seed
+
+
 def native_parameters(params: GenerationParams, adapter_id: str | None) -> tuple[dict[str, Any], list[str]]:
     """GenerateParameters for /generate_stream (only what the panel set) and notes on translations."""
     notes: list[str] = []
@@ -165,15 +176,9 @@ def native_parameters(params: GenerationParams, adapter_id: str | None) -> tuple
     else:
         parameters["do_sample"] = True
         parameters["temperature"] = params.temperature
-        top_p = top_p_to_send(params.top_p)
-        if top_p is not None:
-            parameters["top_p"] = top_p
-        elif params.top_p >= 1.0:
-            notes.append("top-p 1.0 (no filter) is not sent: TGI refuses 1.0")
+        _sampling_fields(params, parameters, notes)
         if params.top_k is not None:
             parameters["top_k"] = params.top_k
-        if params.seed is not None:
-            parameters["seed"] = params.seed
     if params.repetition_penalty is not None:
         parameters["repetition_penalty"] = params.repetition_penalty
     if adapter_id:
@@ -188,13 +193,7 @@ def messages_fields(params: GenerationParams) -> tuple[dict[str, Any], list[str]
     if params.greedy:
         notes.append("temperature 0: TGI decodes greedily (top-p and seed are not sent)")
     else:
-        top_p = top_p_to_send(params.top_p)
-        if top_p is not None:
-            fields["top_p"] = top_p
-        elif params.top_p >= 1.0:
-            notes.append("top-p 1.0 (no filter) is not sent: TGI refuses 1.0")
-        if params.seed is not None:
-            fields["seed"] = params.seed
+        _sampling_fields(params, fields, notes)
     return fields, notes
 
 

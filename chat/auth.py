@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from backends.errors import ConfigurationError
+from config import ConfigurationError
 
 SCHEME = "pbkdf2_sha256"
 ITERATIONS = 600_000  # OWASP's 2023 figure for PBKDF2-SHA256

@@ -171,8 +171,8 @@ def replay_markdown(results: dict[str, list[RequestRecord]], failures: dict[str,
         ttft = _median([r.first_token_s for r in records])
         rate = _median([r.decode_tokens_per_s for r in records])
         lines.append(f"| {backend} | {len(records)} | {len(failures.get(backend, []))} | "
-                     f"{'–' if ttft is None else round(ttft * 1000, 1)} | {'–' if rate is None else round(rate, 1)} | "
-                     f"{sum(r.output_tokens for r in records)} | {round(sum(r.total_s for r in records), 2)} |")
+                     f"{'–' if ttft is None else f'{ttft * 1000:.1f}'} | {'–' if rate is None else f'{rate:.1f}'} | "
+                     f"{sum(r.output_tokens for r in records)} | {sum(r.total_s for r in records):.1f} |")
     return "\n".join(lines)
 
 

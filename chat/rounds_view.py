@@ -1,7 +1,7 @@
 """Compare and blind rounds and their votes: the Chainlit side.
 
 The round itself (columns, run order, streaming, what the browser may see)
-is `compare.rounds`, Chainlit-free; this module keeps per-session state, sends
+is `chat.rounds`, Chainlit-free; this module keeps per-session state, sends
 the one element that shows every column, stores the round, its replies and
 its vote, and reveals a blind round once it has been voted on.
 """
@@ -20,7 +20,7 @@ from chat.flow import Refusal, plan_reply, stored_reply
 from chat.i18n import text
 from chat.session import APP_AUTHOR, MetricsElement, app_state, current_user, lang, say, session_settings
 from compare.ratings import OUTCOMES
-from compare.rounds import Column, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props, run_order_for
+from chat.rounds import Column, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props, run_order_for
 from store import CompareRound, RoundColumn, StoreError, Vote
 from store.records import utc_now
 

@@ -68,6 +68,7 @@ class RequestLog:
     closed_by_client: bool = False
     client_port: int | None = None
     sampling: dict = field(default_factory=dict)
+    messages_count: int = 0
 
 
 @dataclass
@@ -141,6 +142,7 @@ def create_app(pace: Pace) -> Starlette:
             last_user_text=next((str(m.get("content") or "") for m in reversed(messages)
                                  if m.get("role") == "user"), ""),
             client_port=request.client.port if request.client else None,
+            messages_count=len(messages),
             sampling={key: body[key] for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                                  "seed", "max_tokens") if key in body},
         )

@@ -11,7 +11,7 @@ import pytest
 from backends.base import ChatMessage
 from chat.flow import Refusal, plan_reply
 from chat.settings import SessionSettings
-from compare.rounds import (
+from chat.rounds import (
     Column,
     RoundRun,
     RoundSettings,

@@ -1,4 +1,4 @@
-"""One prompt to several backends side by side, without Chainlit.
+"""One prompt to several backends side by side, without Chainlit (the Chainlit side: rounds_view.py).
 
 A round has 2-4 columns labelled A-D. In a compare round the labels follow the
 order the person chose; in a blind round they are shuffled, and nothing that

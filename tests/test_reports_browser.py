@@ -1,0 +1,171 @@
+"""/stats, replaying a chat on every backend, and login with each person's own history, in a browser.
+
+Two paced OpenAI-protocol test servers stand in for two engines (fast and
+exact, so the tests are about the app); the database is a SQLite file.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from chat.auth import hash_password
+from tests.fixtures_app import AppServer, backend_env, start_paced_server
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+READY_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def pair():
+    left = start_paced_server(rate_tokens_per_s=200, tokens=8, name="paced-reports-left")
+    right = start_paced_server(rate_tokens_per_s=150, tokens=6, name="paced-reports-right")
+    yield left, right
+    left.stop()
+    right.stop()
+
+
+def pair_env(pair, tmp_path_factory, name: str, **more: str) -> dict[str, str]:
+    left, right = pair
+    return {
+        "BACKENDS": "left,right",
+        **backend_env("left", kind="openai", base_url=left.base_url, label="Left engine"),
+        **backend_env("right", kind="openai", base_url=right.base_url, label="Right engine"),
+        "DEFAULT_SYSTEM_PROMPT": "none",
+        "DATABASE_URL": f"sqlite:///{tmp_path_factory.mktemp(name) / 'lab.db'}",
+        **more,
+    }
+
+
+def wait_ready(page: Page) -> None:
+    expect(page.locator(".step", has_text="paced-test-model").first).to_be_visible(timeout=READY_TIMEOUT_MS)
+
+
+def ask(page: Page, text: str) -> None:
+    """Send a message and wait until its reply's figures are final."""
+    done_before = page.locator('[data-testid="metrics"][data-state="completed"]').count()
+    page.locator("#chat-input").fill(text)
+    page.locator("#chat-submit").click()
+    expect(page.locator('[data-testid="metrics"][data-state="completed"]')).to_have_count(done_before + 1,
+                                                                                           timeout=60_000)
+
+
+@pytest.fixture(scope="module")
+def reports_app(app_factory, pair, tmp_path_factory) -> AppServer:
+    return app_factory(pair_env(pair, tmp_path_factory, "reports"), name="chainlit-reports")
+
+
+def test_stats_lists_this_chats_replies_with_a_chart_and_downloads(page: Page, reports_app: AppServer):
+    page.goto(reports_app.url)
+    wait_ready(page)
+    ask(page, "first question")
+    ask(page, "second question")
+    page.locator("#chat-input").fill("/stats")
+    page.locator("#chat-submit").click()
+    stats = page.locator(".step", has_text="This chat's replies (2)").last
+    expect(stats).to_be_visible(timeout=30_000)
+    rows = stats.locator("tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text("left")
+    expect(stats.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
+    csv_link = stats.get_by_role("link", name="replies.csv")
+    expect(csv_link).to_be_visible()
+    expect(stats.get_by_role("link", name="replies.json")).to_be_visible()
+    downloaded = page.request.get(csv_link.get_attribute("href")).text()
+    lines = downloaded.strip().splitlines()
+    assert lines[0].startswith("created_at,backend,model,mode,status,first_token_ms")
+    assert len(lines) == 3 and "first question" in downloaded and "second question" in downloaded
+
+
+def test_replay_runs_the_chats_prompts_on_every_chosen_backend(page: Page, reports_app: AppServer, pair):
+    left, right = pair
+    page.goto(reports_app.url)
+    wait_ready(page)
+    ask(page, "replay one")
+    ask(page, "replay two")
+    before = (len(left.requests()), len(right.requests()))
+    page.get_by_role("button", name="Replay on all backends").click()
+    table = page.locator(".step", has_text="Replay of this chat's 2 prompt(s)").last
+    expect(table).to_be_visible(timeout=60_000)
+    expect(table.locator("tbody tr")).to_have_count(2)
+    for label in ("Left engine", "Right engine"):
+        cells = table.locator("tr", has_text=label).locator("td").all_inner_texts()
+        assert cells[1:3] == ["2", "0"], cells  # two replies, no failure
+    # Each backend got the chat's prompts in order, each after its own earlier reply.
+    assert [r["last_user_text"] for r in left.requests()[before[0]:]] == ["replay one", "replay two"]
+    assert [r["last_user_text"] for r in right.requests()[before[1]:]] == ["replay one", "replay two"]
+    progress = page.locator(".step", has_text="Replaying this chat on every chosen backend").last
+    expect(progress).to_contain_text("4/4")
+
+
+# ---------------------------------------------------------------- login and history
+
+
+PASSWORDS = {"alice": "alice-" + secrets.token_hex(4), "bob": "bob-" + secrets.token_hex(4)}
+
+
+@pytest.fixture(scope="module")
+def login_app(app_factory, pair, tmp_path_factory) -> AppServer:
+    users = ",".join(f"{name}:{hash_password(password, iterations=1000)}" for name, password in PASSWORDS.items())
+    env = pair_env(pair, tmp_path_factory, "login", AUTH_USERS=users, TEACHERS="alice",
+                   CHAINLIT_AUTH_SECRET=secrets.token_urlsafe(32))
+    return app_factory(env, name="chainlit-login")
+
+
+def log_in(page: Page, app: AppServer, user: str, password: str) -> None:
+    page.goto(app.url)
+    page.locator("#email").fill(user)
+    page.locator("#password").fill(password)
+    page.get_by_role("button", name="Sign In").click()
+
+
+def history_titles(page: Page) -> list[str]:
+    history = page.locator("#thread-history")
+    if not history.is_visible():
+        page.locator("#sidebar-trigger-button").click()
+    expect(history).to_be_visible(timeout=30_000)
+    time.sleep(1.0)
+    return [title.strip() for title in history.locator("a").all_inner_texts()]
+
+
+def test_login_keeps_each_persons_history_to_themselves_and_a_chat_resumes(chromium, login_app: AppServer, pair):
+    left, _ = pair
+    alice = chromium.new_context(locale="en-US", viewport={"width": 1400, "height": 1000}).new_page()
+    bob = chromium.new_context(locale="en-US", viewport={"width": 1400, "height": 1000}).new_page()
+    try:
+        log_in(alice, login_app, "alice", "wrong password")
+        expect(alice.get_by_role("alert")).to_contain_text("Unable to sign in", timeout=30_000)
+        log_in(alice, login_app, "alice", PASSWORDS["alice"])
+        wait_ready(alice)
+        ask(alice, "alice secret plan")
+        expect(alice.locator("#thread-history").or_(alice.locator("#sidebar-trigger-button")).first).to_be_visible()
+        deadline = time.monotonic() + 30
+        while not any("alice secret plan" in title for title in history_titles(alice)):
+            assert time.monotonic() < deadline, "alice's chat never appeared in her history"
+            alice.reload()
+            wait_ready(alice)
+
+        log_in(bob, login_app, "bob", PASSWORDS["bob"])
+        wait_ready(bob)
+        ask(bob, "bob's own question")
+        titles = history_titles(bob)
+        assert not any("alice" in title for title in titles), titles
+
+        # Alice reopens her chat from the sidebar: it goes on with its history.
+        alice.locator("#thread-history a", has_text="alice secret plan").first.click()
+        expect(alice.locator(".step", has_text="alice secret plan").first).to_be_visible(timeout=30_000)
+        expect(alice.locator("#chat-input")).to_be_visible(timeout=30_000)
+        alice.locator("#chat-input").fill("and then?")
+        alice.locator("#chat-submit").click()
+        deadline = time.monotonic() + 30
+        while left.requests()[-1]["last_user_text"] != "and then?":
+            assert time.monotonic() < deadline, "the resumed chat did not reach the backend"
+            time.sleep(0.2)
+        assert left.requests()[-1]["messages_count"] == 3  # the earlier question, its reply, the new one
+    finally:
+        alice.context.close()
+        bob.context.close()
