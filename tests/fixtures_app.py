@@ -14,8 +14,11 @@ benchmarks in bench/ too, so tests and benchmarks drive the app the same way.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import tempfile
+import threading
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +61,11 @@ def chainlit_command(port: int) -> list[str]:
 
 def start_app(env: dict[str, str], *, name: str = "chainlit-app",
               timeout_s: float = APP_START_TIMEOUT_S) -> AppServer:
-    """Start the app with `env` on top of this process's environment; return once it serves its page."""
+    """Start the app with `env` on top of this process's environment; return once it serves its page.
+    Without a DATABASE_URL in `env` it gets a fresh SQLite file of its own (never the user's)."""
     port = free_port()
-    full_env = {"CHAINLIT_APP_ROOT": str(REPO), **env}
+    database = env.get("DATABASE_URL") or f"sqlite:///{tempfile.mkdtemp(prefix='lab-db-')}/lab.db"
+    full_env = {"CHAINLIT_APP_ROOT": str(REPO), **env, "DATABASE_URL": database}
     url = f"http://127.0.0.1:{port}"
     process = ServerProcess(name, chainlit_command(port), env=full_env).start_serving(url + "/", timeout_s)
     return AppServer(url, process, full_env)
@@ -71,6 +76,35 @@ def backend_env(name: str, *, kind: str, base_url: str = "", label: str = "", **
     prefix = env_prefix(name)
     values = {"KIND": kind, "BASE_URL": base_url, "LABEL": label, **{k.upper(): v for k, v in more.items()}}
     return {prefix + key: value for key, value in values.items() if value}
+
+
+def run_coroutine(coroutine):
+    """Run a coroutine to its end from a sync test (Playwright's sync API holds this thread's loop)."""
+    outcome: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as error:  # handed back to the test below
+            outcome["error"] = error
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+async def stored(url: str, what: str, *args):
+    """Read the app's database the way the app does: `await Store.<what>(*args)` on `url`."""
+    from store import Store
+
+    store = await Store.open(url)
+    try:
+        return await getattr(store, what)(*args)
+    finally:
+        await store.aclose()
 
 
 # ---------------------------------------------------------------- the paced server

@@ -18,7 +18,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LOG_DIR = Path(os.environ.get("TEST_LOG_DIR", REPO / ".files" / "test-logs"))
+# Not under .files/: Chainlit deletes that folder whenever an app stops.
+LOG_DIR = Path(os.environ.get("TEST_LOG_DIR", REPO / ".test-logs"))
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url
+from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url, run_coroutine, stored
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -441,7 +441,7 @@ def test_finished_reply_opens_its_timeline_with_the_gap_chart_and_the_stored_fig
     # What the element shows is the stored record's figures (display rounds to 1 ms or 0.1 ms).
     for testid, key in (("itl-median", "median_ms"), ("itl-p90", "p90_ms"), ("itl-p99", "p99_ms"),
                         ("itl-max", "max_ms")):
-        assert shown_ms(page, step_id, testid) == pytest.approx(itl[key], abs=0.51), testid
+        assert shown_ms(page, step_id, testid) == pytest.approx(itl[key], abs=0.51), (testid, itl, page.locator(f"#{step_id} [data-testid=\"metrics-timeline\"]").inner_text())
     first_token = timeline.locator('[data-testid="timeline-first-token"] .font-mono').inner_text()
     assert duration_ms(first_token) == pytest.approx(record["first_token_s"] * 1000, abs=0.51)
     first_byte = timeline.locator('[data-testid="timeline-first-byte"] .font-mono').inner_text()
@@ -452,6 +452,11 @@ def test_finished_reply_opens_its_timeline_with_the_gap_chart_and_the_stored_fig
 
     assert itl["p90_ms"] == pytest.approx(numpy.percentile(gaps_ms, 90))
     assert itl["median_ms"] == pytest.approx(20.0, rel=0.25)
+    # The database keeps the same record for this reply.
+    (reply,) = [r for r in run_coroutine(stored(lab_app.env["DATABASE_URL"], "replies", 50))
+                if r.prompt == "Show me your timeline."]
+    assert reply.record["itl"] == itl and reply.record["chunk_times_s"] == record["chunk_times_s"]
+    assert reply.first_token_s == record["first_token_s"] and reply.output_tokens == 40
     # The server's own count sits beside ours, named by its source.
     expect(timeline.locator('[data-testid="metrics-server"]')).to_contain_text(f"{PACED_LABEL} usage")
     expect(timeline.locator('[data-testid="metrics-sent"]')).to_contain_text("temperature=0")

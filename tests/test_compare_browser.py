@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from urllib.parse import urlparse
 
@@ -22,8 +21,15 @@ from backends.base import ChatMessage
 from backends.llamacpp import LlamaCppBackend
 from backends.openai_compat import OpenAICompatBackend
 from config import BackendConfig
-from store import Store
-from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url, start_paced_server
+from tests.fixtures_app import (
+    AppServer,
+    PacedServer,
+    backend_env,
+    closed_loopback_url,
+    run_coroutine as run,
+    start_paced_server,
+    stored,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.vllm]
 
@@ -51,32 +57,6 @@ SNAPSHOT_JS = """
 
 def database_url(tmp_path_factory, name: str) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp(name) / 'lab.db'}"
-
-
-def run(coroutine):
-    """Run a coroutine to its end from a sync test (Playwright's sync API holds this thread's loop)."""
-    outcome: dict[str, object] = {}
-
-    def work() -> None:
-        try:
-            outcome["value"] = asyncio.run(coroutine)
-        except BaseException as error:  # handed back to the test below
-            outcome["error"] = error
-
-    worker = threading.Thread(target=work)
-    worker.start()
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-async def stored(url: str, what: str, *args):
-    store = await Store.open(url)
-    try:
-        return await getattr(store, what)(*args)
-    finally:
-        await store.aclose()
 
 
 def three_backends_env(vllm_base_url: str, tgi_server, **more: str) -> dict[str, str]:
