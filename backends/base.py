@@ -178,6 +178,9 @@ class BackendInfo:
     server_version: str | None = None
     max_input_tokens: int | None = None
     details: dict[str, str] = field(default_factory=dict)
+    # Set when the server only stands in for the engine it speaks for (e.g. the TGI-protocol
+    # test server): every table and figure that shows its numbers says so.
+    stand_in: str | None = None
 
 
 @runtime_checkable

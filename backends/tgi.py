@@ -70,6 +70,8 @@ NO_ADAPTER_MODEL = "tgi"  # the Messages API's `model` meaning "the base model, 
 # TGI's vocabularies: native `details.finish_reason`, and the OpenAI-style one the UI shows.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length", "stop": "stop"}
 SERVER_TEXT_LIMIT = 500  # characters of a server's error body quoted in a message
+# /info's `router` of tests/tgi_protocol_server.py: its numbers are a stand-in's, not TGI's.
+TEST_SERVER_ROUTER = "tgi-protocol-test-server"
 WARM_AFTER_IDLE_S = 3.0  # a connection idle longer than this is reopened before the clock starts
 # The optional settings each route can send (GenerationParams names).
 SUPPORTED_SETTINGS = {"messages": ("seed",), "generate": ("top_k", "repetition_penalty", "seed")}
@@ -396,12 +398,16 @@ class TGIBackend:
             details["adapter_id"] = self.adapter_id
         if data.get("max_concurrent_requests") is not None:
             details["max_concurrent_requests"] = str(data["max_concurrent_requests"])
+        stand_in = None
+        if data.get("router") == TEST_SERVER_ROUTER:
+            stand_in = "TGI-protocol test server (llama.cpp behind TGI's API), not TGI itself"
         return BackendInfo(
             model_id=str(data.get("model_id", "")),
             context_length=data.get("max_total_tokens"),
             server_version=data.get("version"),
             max_input_tokens=data.get("max_input_tokens"),
             details=details,
+            stand_in=stand_in,
         )
 
     async def aclose(self) -> None:

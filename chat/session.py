@@ -117,6 +117,8 @@ async def start(actions: list[cl.Action] | None = None) -> None:
     for status in statuses.values():
         if status.available and status.info:
             version = f" · {status.info.server_version}" if status.info.server_version else ""
+            if status.info.stand_in:
+                version += f" · ⚠ stand-in: {status.info.stand_in}"
             detail = text("status_ok", lang_code, model=status.info.model_id,
                           context=status.info.context_length or "?", version=version)
             lines.append(f"- ✅ **{status.label}** (`{status.name}`, {status.url}): {detail}")

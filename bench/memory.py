@@ -1,0 +1,103 @@
+"""How much memory an engine holds: its processes' RSS, and their GPU memory through NVML.
+
+A local server is found by the port it listens on (its child processes - vLLM's
+engine core, TGI's shards - are counted with it); the embedded llama.cpp lives
+in this process. GPU memory is read with NVML (`nvidia-ml-py`) for those
+processes when a GPU is present. What cannot be measured says why ("remote
+server", "no GPU") - never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import psutil
+
+from backends.base import Backend
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """An engine's memory, or why it was not measured."""
+
+    cpu_rss_mib: float | None
+    cpu_note: str
+    gpu_mib: float | None
+    gpu_note: str
+
+
+def _listening_pid(port: int) -> int | None:
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port:
+            return connection.pid
+    return None
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    process = psutil.Process(pid)
+    return [process, *process.children(recursive=True)]
+
+
+def _rss_mib(processes: list[psutil.Process]) -> float:
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total / MIB
+
+
+def gpu_memory_mib(pids: set[int]) -> tuple[float | None, str]:
+    """GPU memory used by `pids` on every GPU (NVML), or None and why not."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "not measured (nvidia-ml-py is not installed)"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None, "not measured (no GPU: NVML is not available)"
+    try:
+        used = 0
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            device = pynvml.nvmlDeviceGetHandleByIndex(index)
+            processes = (pynvml.nvmlDeviceGetComputeRunningProcesses(device)
+                         + pynvml.nvmlDeviceGetGraphicsRunningProcesses(device))
+            used += sum(p.usedGpuMemory or 0 for p in processes if p.pid in pids)
+        return used / MIB, "NVML, the engine's processes"
+    except pynvml.NVMLError as error:
+        return None, f"not measured (NVML: {error})"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def measure_memory(backend: Backend) -> MemoryReading:
+    """The engine's memory now: the embedded model's process, or the local server behind `backend.url`."""
+    if backend.kind == "llamacpp":
+        processes = _tree(os.getpid())
+        note = "this process (the model is loaded in it)"
+    else:
+        parsed = urlparse(backend.url)
+        if (parsed.hostname or "") not in LOOPBACK_HOSTS:
+            return MemoryReading(None, "not measured (remote server)", None, "not measured (remote server)")
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            pid = _listening_pid(port)
+        except psutil.AccessDenied:
+            return MemoryReading(None, "not measured (no permission to list sockets)", None, "not measured")
+        if pid is None:
+            return MemoryReading(None, f"not measured (no process of ours listens on port {port})", None,
+                                 "not measured")
+        try:
+            processes = _tree(pid)
+        except psutil.NoSuchProcess:
+            return MemoryReading(None, "not measured (the server exited)", None, "not measured")
+        note = f"process {pid} on port {port}" + (f" + {len(processes) - 1} child(ren)" if len(processes) > 1 else "")
+    gpu, gpu_note = gpu_memory_mib({process.pid for process in processes})
+    return MemoryReading(_rss_mib(processes), note, gpu, gpu_note)
