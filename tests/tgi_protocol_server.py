@@ -35,6 +35,15 @@ Behaviour copied from TGI's router (3.x):
   adapter it did not load, it generates with the base model. The request log
   shows which adapter was asked for.
 - Generation stops when the client disconnects.
+- GET /metrics answers in Prometheus' text format with TGI's own metric names,
+  written the way TGI's exporter writes them (counters without `_total`):
+  `tgi_request_count`, `tgi_request_success`, `tgi_request_failure{err=...}`,
+  the gauges `tgi_queue_size` (generations waiting for the engine) and
+  `tgi_batch_current_size` (generations running: 0 or 1 on the llama.cpp
+  engine, as many as are streaming on the paced one), and the histograms
+  `tgi_request_mean_time_per_token_duration`, `tgi_request_queue_duration`
+  and `tgi_request_generated_tokens`, observed when a request succeeds, with
+  TGI's buckets.
 - GET /v1/models answers a single `ModelInfo`, as the spec declares (TGI
   itself wraps it in a list; the spec is the contract here).
 
@@ -235,6 +244,9 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     fail_after_tokens: int | None = None
     fail_error_type: str = "generation"
+    # time.monotonic() when it was queued and when a worker took it: TGI's queue and inference times.
+    queued_at_s: float = field(default_factory=time.monotonic)
+    running_at_s: float | None = None
 
 
 class Engine:
@@ -418,6 +430,85 @@ class PacedEngine:
                   "".join(parts) if last else None))
 
 
+# ---------------------------------------------------------------- metrics
+
+
+def tgi_duration_buckets() -> list[float]:
+    """The buckets TGI's router gives every `*_duration` histogram: 35 steps of x1.5 above 0.1 ms."""
+    return [0.0001 * 1.5 ** step for step in range(1, 36)]
+
+
+# TGI's `err` label of tgi_request_failure, where it differs from the error_type it sends.
+FAILURE_REASONS = {"incomplete_generation": "incomplete"}
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count."""
+
+    def __init__(self, name: str, buckets: list[float]) -> None:
+        self.name = name
+        self.buckets = buckets
+        self.bucket_counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for index, upper_bound in enumerate(self.buckets):
+            if value <= upper_bound:
+                self.bucket_counts[index] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self) -> list[str]:
+        lines = [f"# TYPE {self.name} histogram"]
+        lines += [f'{self.name}_bucket{{le="{upper_bound}"}} {count}'
+                  for upper_bound, count in zip(self.buckets, self.bucket_counts)]
+        return lines + [f'{self.name}_bucket{{le="+Inf"}} {self.count}',
+                        f"{self.name}_sum {self.sum}", f"{self.name}_count {self.count}"]
+
+
+class ServerMetrics:
+    """The figures GET /metrics reports, kept as TGI's router keeps them (3.x)."""
+
+    def __init__(self, max_total_tokens: int) -> None:
+        self.request_count = 0
+        self.request_success = 0
+        self.request_failure_by_reason: dict[str, int] = {}
+        self.mean_time_per_token = Histogram("tgi_request_mean_time_per_token_duration", tgi_duration_buckets())
+        self.queue_duration = Histogram("tgi_request_queue_duration", tgi_duration_buckets())
+        self.generated_tokens = Histogram(
+            "tgi_request_generated_tokens", [max_total_tokens / 100 * step for step in range(1, 101)])
+
+    def failed(self, error: InferError) -> None:
+        reason = FAILURE_REASONS.get(error.error_type, error.error_type)
+        self.request_failure_by_reason[reason] = self.request_failure_by_reason.get(reason, 0) + 1
+
+    def succeeded(self, job: Job, generated_tokens: int) -> None:
+        """At the end of a successful request, as TGI does: time per token is the time since a worker
+        took the request (prefill included) divided by the tokens generated."""
+        finished_at_s = time.monotonic()
+        running_at_s = job.running_at_s if job.running_at_s is not None else job.queued_at_s
+        self.request_success += 1
+        self.mean_time_per_token.observe((finished_at_s - running_at_s) / generated_tokens)
+        self.queue_duration.observe(running_at_s - job.queued_at_s)
+        self.generated_tokens.observe(generated_tokens)
+
+    def render(self, queue_size: int, batch_size: int) -> str:
+        """Prometheus text, written as TGI's exporter (metrics-exporter-prometheus) writes it."""
+        blocks = [
+            ["# TYPE tgi_request_count counter", f"tgi_request_count {self.request_count}"],
+            ["# TYPE tgi_request_success counter", f"tgi_request_success {self.request_success}"],
+            ["# TYPE tgi_queue_size gauge", f"tgi_queue_size {queue_size}"],
+            ["# TYPE tgi_batch_current_size gauge", f"tgi_batch_current_size {batch_size}"],
+        ]
+        if self.request_failure_by_reason:
+            blocks.append(["# TYPE tgi_request_failure counter"] + [
+                f'tgi_request_failure{{err="{reason}"}} {count}'
+                for reason, count in sorted(self.request_failure_by_reason.items())])
+        blocks += [self.mean_time_per_token.lines(), self.queue_duration.lines(), self.generated_tokens.lines()]
+        return "\n\n".join("\n".join(block) for block in blocks) + "\n"
+
+
 def _message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -474,8 +565,7 @@ class TGIProtocolServer:
         self.requests: list[dict[str, Any]] = []
         self.generations: list[GenerationRecord] = []
         self.faults: dict[str, Any] = {}
-        self.counters = {"tgi_request_count": 0, "tgi_request_success": 0, "tgi_request_failure": 0,
-                         "tgi_request_generated_tokens_total": 0}
+        self.metrics = ServerMetrics(limits.max_total_tokens)
         self._ids = itertools.count(1)
 
     # -- contract
@@ -500,11 +590,11 @@ class TGIProtocolServer:
         # the error's status, as text/event-stream (generate) or JSON (chat).
         content_type = "text/event-stream" if path == "/generate_stream" else "application/json"
         self.checked(path, "post", error.status, content_type, error.body())
-        self.counters["tgi_request_failure"] += 1
+        self.metrics.failed(error)
         return b"data:" + json.dumps(error.body(), ensure_ascii=False).encode("utf-8") + b"\n\n"
 
     def error_json(self, path: str, error: InferError) -> JSONResponse:
-        self.counters["tgi_request_failure"] += 1
+        self.metrics.failed(error)
         return self.json(path, "post", error.status, error.body())
 
     # -- requests
@@ -525,7 +615,7 @@ class TGIProtocolServer:
             "request_schema_problems": contract.request_violations(request.url.path, request.method, payload)
             if isinstance(payload, dict) else ["body is not a JSON object"],
         })
-        self.counters["tgi_request_count"] += 1
+        self.metrics.request_count += 1
         if not isinstance(payload, dict):
             raise validation_error("Failed to deserialize the JSON body into the target type")
         return payload
@@ -633,6 +723,7 @@ class TGIProtocolServer:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def work() -> None:
+            job.running_at_s = time.monotonic()
             try:
                 self.engine.run(job, emit)
             except (RuntimeError, ValueError, OSError) as error:  # llama.cpp decode failures
@@ -697,8 +788,7 @@ class TGIProtocolServer:
                     count += 1
                     rendered = render(token, finish_reason, generated_text, count)
                     if finish_reason is not None:
-                        self.counters["tgi_request_success"] += 1
-                        self.counters["tgi_request_generated_tokens_total"] += count
+                        self.metrics.succeeded(job, count)
                     record = job.record
                     sent_at = time.time()
                     if record.first_token_sent_at_s is None:
@@ -760,8 +850,7 @@ class TGIProtocolServer:
                 tokens.append(token.as_json())
                 if finish_reason is None:
                     continue
-                self.counters["tgi_request_success"] += 1
-                self.counters["tgi_request_generated_tokens_total"] += len(tokens)
+                self.metrics.succeeded(job, len(tokens))
                 text = (valid.inputs + generated_text) if return_full_text else generated_text
                 details = None
                 if valid.details:
@@ -948,12 +1037,13 @@ class TGIProtocolServer:
         body = {"id": self.model_id, "object": "model", "created": 0, "owned_by": self.model_id}
         return self.json("/v1/models", "get", 200, body)
 
+    def generation_counts(self) -> tuple[int, int]:
+        """(waiting for the engine, generating now): TGI's queue size and current batch size."""
+        statuses = [record.status for record in self.generations]
+        return statuses.count("queued"), statuses.count("running")
+
     async def route_metrics(self, request: Request) -> Response:
-        lines = []
-        for name, value in self.counters.items():
-            lines += [f"# TYPE {name} counter", f"{name} {value}"]
-        lines += ["# TYPE tgi_queue_size gauge", f"tgi_queue_size {self.in_flight}"]
-        text = "\n".join(lines) + "\n"
+        text = self.metrics.render(*self.generation_counts())
         self.checked("/metrics", "get", 200, "text/plain", text)
         return Response(text, media_type="text/plain")
 
