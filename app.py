@@ -11,7 +11,7 @@ import logging
 
 import chainlit as cl
 
-from chat import commands, rounds_view, session
+from chat import commands, engines_view, rounds_view, session
 from chat.auth import current_config
 from config import load_env
 from store import StoreError
@@ -94,3 +94,28 @@ async def on_stats(action: cl.Action) -> None:
 @cl.action_callback("replay")
 async def on_replay(action: cl.Action) -> None:
     await commands.run_action("replay")
+
+
+@cl.action_callback("engines")
+async def on_engines(action: cl.Action) -> None:
+    await commands.run_action("engines")
+
+
+@cl.action_callback("bench")
+async def on_bench(action: cl.Action) -> None:
+    await commands.run_action("bench")
+
+
+@cl.action_callback("simulate")
+async def on_simulate(action: cl.Action) -> dict:
+    return await engines_view.simulate(action.payload)
+
+
+@cl.action_callback("close_panel")
+async def on_close_panel(action: cl.Action) -> None:
+    await engines_view.close_panel()
+
+
+@cl.on_chat_end
+async def on_chat_end() -> None:
+    await engines_view.close_panel()

@@ -17,7 +17,10 @@ Backends know nothing about Chainlit or timing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    from backends.engine_metrics import EngineSnapshot
 
 Role = Literal["system", "user", "assistant"]
 
@@ -219,6 +222,11 @@ class Backend(Protocol):
 
     def pending_warm_up(self) -> str | None:
         """What a first use would still have to load (e.g. a model file), or None when ready."""
+        ...
+
+    async def engine_snapshot(self) -> "EngineSnapshot | None":
+        """The engine's own state now (its /metrics, or the embedded model's queue), or None
+        when this engine reports none. Raises BackendUnavailable when it cannot be reached."""
         ...
 
     async def warm_up(self) -> None:

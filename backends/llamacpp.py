@@ -39,6 +39,7 @@ from backends.base import (
     ServerFigures,
     StreamChunk,
 )
+from backends.engine_metrics import LLAMACPP_SOURCE, EngineSnapshot
 from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
 from config import BackendConfig
 
@@ -93,6 +94,9 @@ class SharedModel:
         self._load_s: float | None = None
         self._error: str | None = None
         self._queue: deque[asyncio.Event] = deque()
+        # Written by the generation worker (one at a time), read by engine snapshots.
+        self.generated_tokens_total = 0
+        self.context_used_tokens = 0
 
     # Loading -----------------------------------------------------------------
 
@@ -154,6 +158,16 @@ class SharedModel:
     @property
     def waiting(self) -> int:
         return len(self._queue)
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's own state: who generates, who waits, how full the context is, tokens so far."""
+        in_line = len(self._queue)
+        return EngineSnapshot(
+            source=LLAMACPP_SOURCE, taken_at_s=time.monotonic(),
+            running_requests=min(in_line, 1), waiting_requests=max(in_line - 1, 0), queue_size=max(in_line - 1, 0),
+            batch_size=min(in_line, 1), generation_tokens_total=float(self.generated_tokens_total),
+            context_used_tokens=self.context_used_tokens, context_tokens=self.n_ctx,
+        )
 
 
 _SHARED: dict[tuple[str, int, int], SharedModel] = {}
@@ -249,6 +263,9 @@ class LlamaCppBackend:
     async def warm_up(self) -> None:
         await self.ensure_loaded()
 
+    async def engine_snapshot(self) -> EngineSnapshot | None:
+        return self.model.snapshot()
+
     async def aclose(self) -> None:
         """Nothing to release: the model is shared by the whole process."""
 
@@ -306,8 +323,7 @@ class LlamaCppBackend:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
             worker = loop.run_in_executor(
-                None, _generate, model.llama, prompt, request.body, params.seed, max_tokens, stop, emit,
-                self.label,
+                None, _generate, model, prompt, request.body, params.seed, max_tokens, stop, emit, self.label,
             )
             while True:
                 item = await queue.get()
@@ -324,12 +340,14 @@ class LlamaCppBackend:
             model.leave(ticket)
 
 
-def _generate(llama, prompt: list[int], sampling: dict, seed: int | None, max_tokens: int,
+def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int | None, max_tokens: int,
               stop: threading.Event, emit, label: str) -> None:
     """Worker thread: sample up to max_tokens, emitting one chunk per token, then the engine's figures."""
     import llama_cpp
 
+    llama = model.llama
     vocab = llama._model.vocab
+    model.context_used_tokens = len(prompt)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     finish_reason = "length"
     produced = 0
@@ -345,6 +363,8 @@ def _generate(llama, prompt: list[int], sampling: dict, seed: int | None, max_to
                 finish_reason = "stop"
                 break
             produced += 1
+            model.generated_tokens_total += 1
+            model.context_used_tokens = len(prompt) + produced
             text = decoder.decode(llama.detokenize([token]))
             last = produced >= max_tokens
             emit(StreamChunk(text=text, token_count=1))

@@ -41,6 +41,7 @@ from backends.base import (
     StreamChunk,
     ignore_unsupported,
 )
+from backends.engine_metrics import EngineSnapshot, MetricsFormatError, parse_vllm_metrics
 from backends.errors import (
     BackendError,
     BackendOverloaded,
@@ -299,6 +300,24 @@ class OpenAICompatBackend:
 
     def pending_warm_up(self) -> str | None:
         return None
+
+    async def engine_snapshot(self) -> EngineSnapshot | None:
+        """vLLM's /metrics (at the server's root). Another OpenAI-compatible server: its /metrics
+        when it has one in vLLM's names, else None (it reports nothing this app reads)."""
+        taken_at_s = time.monotonic()
+        try:
+            text = await self._client.get(f"{self._root_url}/metrics", cast_to=str)
+        except openai.NotFoundError:
+            return None
+        except openai.APIError as error:
+            raise self._translate(error) from error
+        try:
+            snapshot = parse_vllm_metrics(text, taken_at_s)
+        except MetricsFormatError:
+            if self.is_vllm:
+                raise
+            return None
+        return None if snapshot.is_empty and not self.is_vllm else snapshot
 
     async def warm_up(self) -> None:
         """Open (or refresh) a pooled connection with a cheap request, outside any measurement."""

@@ -53,6 +53,7 @@ from backends.base import (
     StreamChunk,
     ignore_unsupported,
 )
+from backends.engine_metrics import EngineSnapshot, parse_tgi_metrics
 from backends.errors import (
     BackendError,
     BackendOverloaded,
@@ -326,6 +327,15 @@ class TGIBackend:
         """Open (or refresh) a pooled connection with a cheap request, outside any measurement."""
         await self.health()
 
+    async def engine_snapshot(self) -> EngineSnapshot | None:
+        """TGI's /metrics: queue size, current batch size, mean time per token."""
+        taken_at_s = time.monotonic()
+        response = await self._request("GET", "/metrics")
+        if response.status_code == 404:
+            return None
+        self._raise_for_status(response, "/metrics")
+        return parse_tgi_metrics(response.text, taken_at_s)
+
     # ------------------------------------------------------------ prompt
 
     async def build_prompt(self, messages: Sequence[ChatMessage]) -> str:
@@ -379,6 +389,7 @@ class TGIBackend:
         """Return if GET /health answers 200; raise BackendUnavailable with the server's reason otherwise."""
         response = await self._request("GET", "/health")
         if response.status_code == 200:
+            self._last_used_s = time.monotonic()  # the pool now holds a fresh connection
             return
         if response.status_code != 503:
             self._raise_for_status(response, "/health")

@@ -1,7 +1,7 @@
 """What a message or a button asks for: a reply (single or round), or a report.
 
-`/leaderboard`, `/stats` and `/replay` are Chainlit commands (picked from the
-composer) and also work typed as text. A message in compare or blind mode
+`/leaderboard`, `/stats`, `/replay`, `/engines` and `/bench` are Chainlit
+commands (picked from the composer) and also work typed as text. A message in compare or blind mode
 starts a round; otherwise the session's backend answers.
 """
 
@@ -11,11 +11,12 @@ import asyncio
 
 import chainlit as cl
 
-from chat import reports, rounds_view, session
+from chat import engines_view, reports, rounds_view, session
 from chat.i18n import text
 
-COMMANDS = ("leaderboard", "stats", "replay")
-COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat"}
+COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench")
+COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat", "engines": "gauge",
+                 "bench": "timer"}
 
 
 async def announce_commands() -> None:
@@ -66,6 +67,10 @@ async def run_command(name: str) -> None:
         await reports.show_stats()
     elif name == "replay":
         await reports.replay_on_all_backends()
+    elif name == "engines":
+        await engines_view.open_panel()
+    elif name == "bench":
+        await engines_view.run_bench()
 
 
 async def retry() -> None:

@@ -15,12 +15,15 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping, Sequence
 
 from backends.base import SETTING_LABELS, Backend, ChatMessage, PreparedRequest
+from backends.engine_metrics import EngineSnapshot
 from backends.errors import BackendError
 from backends.registry import BackendStatus, Registry
+from chat.auth import AuthConfig, auth_from_env
+from chat.engines import Simulation, take_snapshot
 from chat.history import fit_to_context
 from chat.i18n import text
 from chat.settings import SessionSettings, load_presets
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 
 INFO_CACHE_S = 30.0
 STATUS_TIMEOUT_S = 4.0
+ENGINE_STATE_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,13 @@ class AppState:
     presets: dict[str, str]
     database_url: str | None = None  # None: DATABASE_URL, else the SQLite file
     _statuses: dict[str, tuple[float, BackendStatus]] = field(default_factory=dict)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     _store: Store | None = None
     storage_problem: str | None = None
     _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # One simulation of N users at a time in the whole app (a classroom must not multiply the load).
+    simulation: Simulation | None = None
+    simulation_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AppState":
@@ -68,6 +76,7 @@ class AppState:
             registry=Registry.from_env(env),
             defaults=ChatDefaults.from_env(env, backend_names(env)),
             presets=load_presets(),
+            auth=auth_from_env(env),
         )
 
     async def status(self, name: str, fresh: bool = False) -> BackendStatus:
@@ -115,12 +124,14 @@ class AppState:
 
 @dataclass(frozen=True)
 class ReplyPlan:
-    """A reply ready to stream: the backend, the prepared request, and notices to show first."""
+    """A reply ready to stream: the backend, the prepared request, notices to show first, and
+    the engine's state when it started (running/waiting requests, KV cache), where reported."""
 
     backend: Backend
     model: str
     request: PreparedRequest
     notices: tuple[Notice, ...] = ()
+    engine_at_start: EngineSnapshot | None = None
 
     def open_stream(self) -> TimedStream:
         """The measured stream; the request leaves (and the clock starts) on its first iteration."""
@@ -169,7 +180,9 @@ async def plan_reply(
     if fitted.max_new_tokens < settings.max_new_tokens:
         notices.append(Notice("capped", {"tokens": fitted.max_new_tokens, "backend": backend.label}))
     model = status.info.model_id if status.info else request.model
-    return ReplyPlan(backend, model, request, tuple(notices))
+    # Before the clock: what the engine was busy with, so a slow reply can be explained later.
+    engine = (await take_snapshot(backend, ENGINE_STATE_TIMEOUT_S)).snapshot
+    return ReplyPlan(backend, model, request, tuple(notices), engine)
 
 
 def ignored_notes(request: PreparedRequest) -> list[str]:
@@ -221,6 +234,7 @@ def stored_reply(
         ms_per_output_token=record.ms_per_output_token,
         settings_sent={"sent": dict(plan.request.sent), "chosen": plan.request.params.chosen(),
                        "ignored": ignored_notes(plan.request), "notes": list(plan.request.notes)},
-        record=record.as_dict(include_timeline=True),
+        record={**record.as_dict(include_timeline=True),
+                "engine_at_start": asdict(plan.engine_at_start) if plan.engine_at_start else None},
         error=record.error,
     )

@@ -95,10 +95,12 @@ def server_props(server: ServerFigures | None) -> dict | None:
     }
 
 
-def timeline_props(record: RequestRecord, request: PreparedRequest | None) -> dict:
+def timeline_props(record: RequestRecord, request: PreparedRequest | None,
+                   engine_at_start: str | None = None) -> dict:
     """The reply's timeline for the expandable details: drawn once, after the reply ends."""
     itl = record.itl
     return {
+        "engineAtStart": engine_at_start,
         "prepareMs": _ms(request.prepare_s) if request else None,
         "firstByteMs": _ms(record.first_byte_s),
         "firstTokenMs": _ms(record.first_token_s),
@@ -121,7 +123,8 @@ def timeline_props(record: RequestRecord, request: PreparedRequest | None) -> di
     }
 
 
-def final_props(record: RequestRecord, *, lang: str, request: PreparedRequest | None = None) -> dict:
+def final_props(record: RequestRecord, *, lang: str, request: PreparedRequest | None = None,
+                engine_at_start: str | None = None) -> dict:
     """Props for the frozen figures once the reply has ended, with its timeline."""
     return {
         "state": record.status,
@@ -140,7 +143,7 @@ def final_props(record: RequestRecord, *, lang: str, request: PreparedRequest | 
         "serverTokens": record.server_output_tokens,
         "disagreement": record.count_disagreement,
         "ignored": ignored_lines(request),
-        "timeline": timeline_props(record, request),
+        "timeline": timeline_props(record, request, engine_at_start),
     }
 
 
@@ -164,6 +167,7 @@ class LiveReply:
         *,
         lang: str = "en",
         request: PreparedRequest | None = None,
+        engine_at_start: str | None = None,
         text_interval_s: float = TEXT_INTERVAL_S,
         metrics_interval_s: float = METRICS_INTERVAL_S,
     ) -> None:
@@ -172,6 +176,7 @@ class LiveReply:
         self.metrics = metrics
         self.lang = lang
         self.request = request
+        self.engine_at_start = engine_at_start
         self.text_interval_s = text_interval_s
         self.metrics_interval_s = metrics_interval_s
         self._pending: list[str] = []
@@ -195,7 +200,8 @@ class LiveReply:
             await self.timed.aclose()
         await self._flush_text()
         record = self.timed.finish(status, error=error.describe() if error else None)
-        self.metrics.props = final_props(record, lang=self.lang, request=self.request)
+        self.metrics.props = final_props(record, lang=self.lang, request=self.request,
+                                         engine_at_start=self.engine_at_start)
         await self.metrics.update()
         return ReplyOutcome("".join(self._shown), record, error)
 

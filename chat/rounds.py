@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from backends.base import Backend
 from backends.errors import BackendError
+from chat.engines import state_summary
 from chat.flow import Notice, Refusal, ReplyPlan
 from chat.i18n import text
 from chat.live import final_props, live_props
@@ -297,7 +298,8 @@ def _named_column(column: Column, lang: str) -> dict[str, object]:
     }
     request = column.plan.request if column.plan else None
     if column.record is not None and column.finished:
-        entry["figures"] = final_props(column.record, lang=lang, request=request)
+        entry["figures"] = final_props(column.record, lang=lang, request=request,
+                                       engine_at_start=state_summary(column.plan.engine_at_start if column.plan else None))
     elif column.timed is not None:
         entry["figures"] = live_props(column.timed.live(), backend=column.backend_label, model=column.model,
                                       lang=lang)

@@ -18,6 +18,7 @@ import chainlit as cl
 from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
 from backends.registry import BackendStatus
+from chat.engines import state_summary
 from chat.flow import AppState, Refusal, plan_reply, stored_reply
 from chat.i18n import language_of, text
 from chat.live import LiveReply, initial_props
@@ -196,7 +197,8 @@ async def reply(user_text: str) -> None:
     metrics = MetricsElement(name="Metrics", props=initial_props(plan, lang_code), display="inline")
     message.elements = [metrics]
     await message.send()
-    outcome = await LiveReply(plan.open_stream(), message, metrics, lang=lang_code, request=plan.request).run()
+    outcome = await LiveReply(plan.open_stream(), message, metrics, lang=lang_code, request=plan.request,
+                              engine_at_start=state_summary(plan.engine_at_start)).run()
 
     message.metadata = {"record": outcome.record.as_dict(include_timeline=True),
                         "sent": dict(plan.request.sent)}

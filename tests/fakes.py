@@ -80,6 +80,9 @@ class FakeBackend:
     async def warm_up(self) -> None:
         return None
 
+    async def engine_snapshot(self):
+        return None
+
     async def aclose(self) -> None:
         return None
 

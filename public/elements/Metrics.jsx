@@ -25,6 +25,7 @@ const LABELS = {
     perToken: "time per output token", decodeRate: "decode tokens/s", outputRate: "output tokens/s (incl. prefill)",
     promptRate: "prompt tokens/s", outTokens: "output tokens", inTokens: "prompt tokens",
     sent: "sent to the engine", noServer: "This engine reported no figures of its own for this reply.",
+    engineAtStart: "engine when the request left",
     compareRound: "Compare", blindRound: "Blind round", sequential: "one after another", concurrent: "all at once",
     revealFinished: "text shown when every column has finished", revealPace: "text shown at one common pace",
     generating: "generating…", waiting: "waiting", better: "better", tie: "Tie", bothBad: "Both bad", allBad: "All bad",
@@ -46,6 +47,7 @@ const LABELS = {
     perToken: "每个输出 token 的时间", decodeRate: "解码 tokens/秒", outputRate: "输出 tokens/秒（含预填充）",
     promptRate: "提示词 tokens/秒", outTokens: "输出 tokens", inTokens: "提示词 tokens",
     sent: "发送给引擎的参数", noServer: "该引擎没有为这条回复报告自己的数据。",
+    engineAtStart: "请求发出时引擎的状态",
     compareRound: "比较", blindRound: "盲评", sequential: "依次运行", concurrent: "同时运行",
     revealFinished: "所有列完成后显示文本", revealPace: "以相同节奏显示文本",
     generating: "生成中…", waiting: "等待中", better: "更好", tie: "平局", bothBad: "都不好", allBad: "都不好",
@@ -201,6 +203,9 @@ function Timeline({ props, t }) {
   return (
     <div data-testid="metrics-timeline" style={{ marginTop: "6px", fontSize: "12px" }}>
       <Milestones timeline={timeline} t={t} />
+      {timeline.engineAtStart ? (
+        <div data-testid="engine-at-start"><span className="text-muted-foreground">{t.engineAtStart}: </span>{timeline.engineAtStart}</div>
+      ) : null}
       {itl ? (
         <div style={{ marginTop: "6px" }}>
           <div className="text-muted-foreground">{t.itlTitle}</div>
@@ -401,6 +406,110 @@ function CompareGrid() {
   );
 }
 
+const PANEL = {
+  en: { simulate: (n) => `Simulate ${n} user${n > 1 ? "s" : ""}`, close: "Close", none: "no metrics",
+        running: (s) => `Simulating ${s.users} user(s) on ${s.backend}: ${s.finished}/${s.total} done, ${s.inFlight} in flight`,
+        rate: "tokens/s now (all)", ttft: "median TTFT", chartRate: "output tokens/s (all users)", chartTtft: "mean TTFT (ms)",
+        users: "simulated users", teacher: "Only a teacher may start a simulation." },
+  zh: { simulate: (n) => `模拟 ${n} 个用户`, close: "关闭", none: "无指标",
+        running: (s) => `正在 ${s.backend} 上模拟 ${s.users} 个用户：已完成 ${s.finished}/${s.total}，进行中 ${s.inFlight}`,
+        rate: "当前 tokens/秒（总计）", ttft: "TTFT 中位数", chartRate: "输出 tokens/秒（所有用户）", chartTtft: "平均 TTFT（毫秒）",
+        users: "模拟用户数", teacher: "只有教师可以开始模拟。" },
+};
+const LINE_COLORS = ["#3b82f6", "#16a34a", "#ea580c", "#9333ea", "#dc2626"];
+
+// The "as N grows" chart: one line per backend over the simulated user counts.
+function UsersChart({ points, users, field, title, testid }) {
+  const backends = [...new Set(points.map((p) => p.backend))];
+  const values = points.map((p) => p[field]).filter((v) => v !== null && v !== undefined);
+  if (!values.length) return null;
+  const width = 300, height = 140, left = 40, right = 8, top = 16, bottom = 22;
+  const top_value = Math.max(...values) * 1.1 || 1;
+  const x = (n) => left + (users.indexOf(n) / Math.max(users.length - 1, 1)) * (width - left - right);
+  const y = (v) => top + (height - top - bottom) * (1 - v / top_value);
+  return (
+    <svg viewBox={`0 0 ${width} ${height}`} style={{ width: "100%", maxWidth: "340px" }} data-testid={testid}>
+      <text x={left} y={11} fontSize="10" fill="currentColor">{title}</text>
+      <line x1={left} x2={width - right} y1={y(0)} y2={y(0)} stroke="currentColor" strokeOpacity="0.3" />
+      <text x={left - 4} y={y(top_value) + 8} fontSize="9" textAnchor="end" fill="currentColor">{Math.round(top_value)}</text>
+      {users.map((n) => <text key={n} x={x(n)} y={height - 6} fontSize="9" textAnchor="middle" fill="currentColor">{n}</text>)}
+      {backends.map((backend, index) => {
+        const mine = points.filter((p) => p.backend === backend && p[field] !== null).sort((a, b) => a.users - b.users);
+        const color = LINE_COLORS[index % LINE_COLORS.length];
+        return (
+          <g key={backend}>
+            <polyline fill="none" stroke={color} strokeWidth="2" points={mine.map((p) => `${x(p.users)},${y(p[field])}`).join(" ")} />
+            {mine.map((p) => <circle key={p.users} cx={x(p.users)} cy={y(p[field])} r="3" fill={color} />)}
+            <text x={left + 4 + index * 90} y={top + 10} fontSize="9" fill={color}>{backend}</text>
+          </g>
+        );
+      })}
+    </svg>
+  );
+}
+
+function EnginePanel() {
+  const p = props;
+  const t = PANEL[p.lang] || PANEL.en;
+  const [answer, setAnswer] = useState(null);
+  const simulate = async (users) => {
+    const reply = await callAction({ name: "simulate", payload: { users } });
+    setAnswer((reply && reply.response && reply.response.message) || null);
+  };
+  const sim = p.simulation;
+  const button = { padding: "2px 8px", borderRadius: "6px", border: "1px solid rgba(127,127,127,0.5)",
+                   background: "transparent", cursor: "pointer", fontSize: "12px" };
+  return (
+    <div data-testid="engines" data-closed={String(!!p.closed)} style={{ fontSize: "13px", margin: "4px 0" }}>
+      <div style={{ display: "grid", gridTemplateColumns: "repeat(auto-fit, minmax(240px, 1fr))", gap: "8px" }}>
+        {(p.engines || []).map((engine) => (
+          <div key={engine.name} className="rounded-md border" style={{ padding: "6px 10px" }} data-testid={`engine-${engine.name}`}>
+            <div style={{ fontWeight: 600 }}>{engine.label}
+              {engine.source ? <span className="text-muted-foreground" style={{ fontWeight: 400, fontSize: "11px" }}> · {engine.source}</span> : null}
+            </div>
+            {engine.problem ? <div className="text-muted-foreground" data-testid="engine-problem">{engine.problem}</div> : null}
+            <table style={{ borderCollapse: "collapse", marginTop: "2px" }}>
+              <tbody>
+                {(engine.rows || []).map((row) => (
+                  <tr key={row.key} data-testid={`engine-row-${row.key}`}>
+                    <td className="text-muted-foreground" style={{ paddingRight: "10px" }}>{row.label}</td>
+                    <td className="font-mono" data-testid="engine-value">{row.value}</td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          </div>
+        ))}
+      </div>
+      {sim ? (
+        <div data-testid="simulation" style={{ marginTop: "6px" }}>
+          🚦 {t.running(sim)} · {t.rate}: <span className="font-mono" data-testid="simulation-rate">{sim.tokensPerS === null ? "–" : sim.tokensPerS.toFixed(1)}</span>
+          {" "}· {t.ttft}: <span className="font-mono">{sim.medianTtftMs === null ? "–" : `${Math.round(sim.medianTtftMs)} ms`}</span>
+        </div>
+      ) : null}
+      {(p.points || []).length ? (
+        <div style={{ display: "flex", flexWrap: "wrap", gap: "12px", marginTop: "6px" }}>
+          <UsersChart points={p.points} users={p.users} field="tokensPerS" title={`${t.chartRate} × ${t.users}`} testid="users-chart-rate" />
+          <UsersChart points={p.points} users={p.users} field="meanTtftMs" title={`${t.chartTtft} × ${t.users}`} testid="users-chart-ttft" />
+        </div>
+      ) : null}
+      {!p.closed ? (
+        <div style={{ display: "flex", flexWrap: "wrap", gap: "6px", marginTop: "6px", alignItems: "center" }}>
+          {p.canSimulate ? (p.users || []).map((n) => (
+            <button key={n} type="button" style={button} data-testid={`simulate-${n}`} onClick={() => simulate(n)}>{t.simulate(n)}</button>
+          )) : <span className="text-muted-foreground">{t.teacher}</span>}
+          <button type="button" style={button} data-testid="close-panel"
+                  onClick={() => callAction({ name: "close_panel", payload: {} })}>{t.close}</button>
+        </div>
+      ) : null}
+      {p.message ? <div className="text-muted-foreground" data-testid="panel-message">{p.message}</div> : null}
+      {answer ? <div data-testid="simulate-answer">{answer}</div> : null}
+    </div>
+  );
+}
+
 export default function Metrics() {
-  return props.kind === "compare" ? <CompareGrid /> : <Figures p={props} />;
+  if (props.kind === "compare") return <CompareGrid />;
+  if (props.kind === "engines") return <EnginePanel />;
+  return <Figures p={props} />;
 }

@@ -1,0 +1,190 @@
+"""The engine panel, "Simulate N users" and /bench: the Chainlit side.
+
+The panel shows the session's backend(s) - the chosen one, or the compared ones
+- refreshed about once a second while it is open (at most 10 minutes), from each
+engine's own metrics (`chat.engines`). A simulation sends N concurrent users'
+requests through the one load engine, in the background, so the person's own
+chat keeps working; one runs at a time per app, and with login on only teachers
+may start one (so a classroom cannot multiply the load by 30). /bench runs a
+short `python -m bench` on the same backends and shows its table and chart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import chainlit as cl
+import plotly.graph_objects as go
+
+from backends.engine_metrics import EngineSnapshot
+from bench.article import RunSettings, article_table, run_benchmark
+from bench.prompt_sets import load_prompt_set
+from chat.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props, take_snapshot
+from chat.i18n import text
+from chat.session import MetricsElement, app_state, current_user, lang, say, session_settings
+
+REFRESH_S = 1.0
+PANEL_OPEN_FOR_S = 600.0
+SIMULATION_PROMPTS = "en"
+CHAT_BENCH = RunSettings(concurrency=(1, 4), requests=8, max_new_tokens=64, warmup=1, prompt_set="en")
+
+
+@dataclass
+class Panel:
+    """One session's open engine panel."""
+
+    element: MetricsElement
+    backends: list[str]
+    task: asyncio.Task | None = None
+    previous: dict[str, EngineSnapshot] = field(default_factory=dict)
+    points: list[SimulationPoint] = field(default_factory=list)
+    message: str | None = None
+
+
+def _panel() -> Panel | None:
+    return cl.user_session.get("engine_panel")
+
+
+def chosen_backends() -> list[str]:
+    settings = session_settings()
+    return list(settings.compare_backends) if settings.mode != "chat" else [settings.backend]
+
+
+def _may_load(identifier: str | None) -> bool:
+    return app_state().auth.is_teacher(identifier)
+
+
+async def open_panel() -> None:
+    """Show the engines of this chat's backend(s), refreshed every second."""
+    lang_code = lang()
+    if session_settings().mode == "blind":
+        await say(text("panel_blind", lang_code))
+        return
+    old = _panel()
+    if old is not None and old.task is not None:
+        old.task.cancel()
+    panel = Panel(MetricsElement(name="Metrics", props={}, display="inline"), chosen_backends())
+    cl.user_session.set("engine_panel", panel)
+    await _refresh(panel)
+    await cl.Message(content=text("panel_title", lang_code), author="Engines", elements=[panel.element]).send()
+    panel.task = asyncio.create_task(_refresh_loop(panel))
+
+
+async def close_panel() -> None:
+    """Stop refreshing (the person closed it, or the chat ended)."""
+    panel = _panel()
+    if panel is None or panel.task is None or panel.task.done():
+        return
+    panel.task.cancel()
+    panel.element.props = {**panel.element.props, "message": text("panel_closed", lang()), "closed": True}
+    await panel.element.update()
+
+
+async def _refresh(panel: Panel) -> None:
+    state = app_state()
+    backends = [state.registry.get(name) for name in panel.backends]
+    readings = await asyncio.gather(*(take_snapshot(backend) for backend in backends))
+    simulation = state.simulation
+    if simulation is not None and simulation.result is None:
+        simulation.sample()
+    panel.element.props = panel_props(readings, panel.previous, lang(), simulation=simulation, points=panel.points,
+                                      can_simulate=_may_load(current_user()), message=panel.message)
+    panel.previous = {reading.name: reading.snapshot for reading in readings if reading.snapshot is not None}
+    await panel.element.update()
+
+
+async def _refresh_loop(panel: Panel) -> None:
+    closes_at = time.monotonic() + PANEL_OPEN_FOR_S
+    while time.monotonic() < closes_at:
+        await asyncio.sleep(REFRESH_S)
+        await _refresh(panel)
+    panel.message = text("panel_timed_out", lang())
+    await _refresh(panel)
+
+
+async def simulate(payload: object) -> dict:
+    """Start N simulated users on this chat's backend(s), in the background. Returns {"ok", "message"}."""
+    state, lang_code = app_state(), lang()
+    users = payload.get("users") if isinstance(payload, dict) else None
+    if users not in SIMULATION_USERS:
+        return await _refuse(text("simulate_bad_users", lang_code, users=str(users)[:20],
+                                  allowed=", ".join(map(str, SIMULATION_USERS))))
+    if not _may_load(current_user()):
+        return await _refuse(text("simulate_teachers_only", lang_code))
+    if session_settings().mode == "blind":
+        return await _refuse(text("panel_blind", lang_code))
+    async with state.simulation_lock:
+        running = state.simulation
+        if running is not None and running.result is None:
+            return await _refuse(text("simulate_busy", lang_code, users=running.users, backend=running.backend.label))
+        backends = [state.registry.get(name) for name in chosen_backends()]
+        state.simulation = Simulation(backends[0], users)
+    if _panel() is None:
+        await open_panel()
+    asyncio.create_task(_run_simulations(backends, users))
+    message = text("simulate_started", lang_code, users=users, backends=", ".join(b.label for b in backends))
+    await say(message)
+    return {"ok": True, "message": message}
+
+
+async def _run_simulations(backends, users: int) -> None:
+    state = app_state()
+    prompts = load_prompt_set(SIMULATION_PROMPTS)
+    results = []
+    try:
+        for backend in backends:
+            simulation = state.simulation if state.simulation.backend is backend else Simulation(backend, users)
+            state.simulation = simulation
+            results.append(await simulation.run(prompts))
+            panel = _panel()
+            if panel is not None:
+                panel.points.append(simulation.result)
+    finally:
+        if state.simulation is not None and state.simulation.result is None:
+            state.simulation.result = SimulationPoint(state.simulation.backend.label, users, 0.0, None, 0, 0)
+    lines = [f"| {p.backend} | {p.users} | {p.output_tokens_per_s:.1f} | "
+             f"{'–' if p.mean_ttft_ms is None else f'{p.mean_ttft_ms:.0f}'} | {p.completed} | {p.failed} |"
+             for p in results]
+    await say(text("simulate_done", lang(), users=users) + "\n\n| backend | users | tokens/s (all) | mean TTFT ms | "
+              "replies | failed |\n|---|---|---|---|---|---|\n" + "\n".join(lines))
+
+
+async def _refuse(message: str) -> dict:
+    await say(f"⚠️ {message}")
+    return {"ok": False, "message": message}
+
+
+async def run_bench() -> None:
+    """A short benchmark of this chat's backend(s) with the app's load engine, with progress."""
+    lang_code = lang()
+    if not _may_load(current_user()):
+        await say(f"⚠️ {text('simulate_teachers_only', lang_code)}")
+        return
+    names = chosen_backends()
+    total = len(names) * (CHAT_BENCH.warmup + CHAT_BENCH.requests * len(CHAT_BENCH.concurrency))
+    progress = await say(text("bench_progress", lang_code, done=0, total=total, bar="░" * 20, stage="…"))
+    done = 0
+    last_update = 0.0
+
+    def report(stage: str, _outcome) -> None:
+        nonlocal done, last_update
+        done += 1
+        now = time.monotonic()
+        if now - last_update > 0.5 or done == total:
+            last_update = now
+            filled = round(20 * done / total)
+            progress.content = text("bench_progress", lang_code, done=done, total=total,
+                                    bar="▓" * filled + "░" * (20 - filled), stage=stage)
+            asyncio.get_running_loop().create_task(progress.update())
+
+    run = await run_benchmark(app_state().registry, names, load_prompt_set(CHAT_BENCH.prompt_set), CHAT_BENCH, report)
+    figure = go.Figure()
+    for engine in run.engines:
+        name = engine.label + (" (stand-in)" if engine.stand_in else "")
+        figure.add_trace(go.Bar(name=f"{name} tokens/s", x=[f"{s.concurrency} concurrent" for s in engine.summaries],
+                                y=[round(s.output_throughput, 1) for s in engine.summaries]))
+    figure.update_layout(yaxis_title="output tokens/s (all requests)", barmode="group", height=360, margin=dict(t=30))
+    await cl.Message(content=text("bench_title", lang_code) + "\n\n" + article_table(run), author="Benchmark",
+                     elements=[cl.Plotly(name="bench_chart", figure=figure, display="inline")]).send()
