@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -277,13 +278,16 @@ class TGIBackend:
                     await response.aread()
                     self._raise_for_status(response, path)
                 figures = header_figures(response.headers)
-                async for event in EventSource(response).aiter_sse():
-                    # Read on past [DONE] to the end of the body: a response read to its end
-                    # hands its connection back to the pool; one left unread would be closed.
-                    if event.data.strip() == "[DONE]":
-                        continue
-                    for chunk in self._event_chunks(event.data, path):
-                        yield chunk
+                # Closed here, not by the garbage collector in some other task, when an error
+                # event or the consumer's Stop ends the loop early.
+                async with aclosing(EventSource(response).aiter_sse()) as events:
+                    async for event in events:
+                        # Read on past [DONE] to the end of the body: a response read to its end
+                        # hands its connection back to the pool; one left unread would be closed.
+                        if event.data.strip() == "[DONE]":
+                            continue
+                        for chunk in self._event_chunks(event.data, path):
+                            yield chunk
                 if figures is not None:
                     yield StreamChunk(token_count=0, server_figures=figures)
         except SSEError as error:
