@@ -10,8 +10,10 @@ one file per serving stack).
 import logging
 
 import chainlit as cl
+from chainlit.server import app as chainlit_server
+from fastapi.routing import APIRoute
 
-from chat import commands, engines_view, rounds_view, session
+from chat import commands, engines_view, ops, rounds_view, session
 from chat.auth import current_config
 from config import load_env
 from store import StoreError
@@ -41,6 +43,9 @@ else:
     def data_layer():
         return chainlit_data_layer()
 
+
+# Ahead of Chainlit's catch-all route for its UI, which would otherwise answer it.
+chainlit_server.router.routes.insert(0, APIRoute("/lab/state", ops.state_endpoint, methods=["GET"]))
 
 if AUTH.enabled:
     @cl.password_auth_callback

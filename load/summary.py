@@ -80,6 +80,9 @@ class Summary:
     health_s: list[float] = field(default_factory=list)
     health_failures: int = 0
     memory: MemoryFigures | None = None
+    # The app's own counts (GET /lab/state) before the run and after it (students gone).
+    state_before: dict | None = None
+    state_after: dict | None = None
 
     @property
     def health(self) -> HealthFigures | None:
@@ -178,7 +181,48 @@ def read_results(folder: Path, users: int) -> Summary:
         with open(rss, newline="", encoding="utf-8") as rows:
             samples = [(float(row["elapsed_s"]), float(row["rss_mb"])) for row in csv.DictReader(rows)]
         summary.memory = memory_from_samples(samples)
+    for name in ("before", "after"):
+        path = folder / f"state-{name}.json"
+        if path.exists():
+            setattr(summary, f"state_{name}", json.loads(path.read_text(encoding="utf-8")))
     return summary
+
+
+# What must come back to where it was once the students have gone. Not counted: the sessions
+# Chainlit keeps for its session_timeout after a student leaves (and the task that frees each),
+# engine.io's ping tasks (they end within a ping interval), and pooled threads, database
+# connections and files (bounded by their pools); see chat/ops.py.
+LEAK_COUNTS = (("threads", "threads_by_kind", "other"), ("tasks", "tasks_by_kind", "other"),
+               ("files", "open_files_by_kind", "other"), ("backend connections", "backend_connections", None),
+               ("client connections", "client_connections", None))
+
+
+def _leak_count(state: dict, key: str, kind: str | None) -> int:
+    value = state.get(key) or 0
+    return int(value.get(kind, 0) if kind else value)
+
+
+def state_lines(before: dict | None, after: dict | None) -> list[str]:
+    """Before -> after: what the app holds by kind; what stayed higher is flagged as a leak."""
+    if not before or not after:
+        return ["app state (GET /lab/state): not read"]
+    leaks = [(label, _leak_count(before, key, kind), _leak_count(after, key, kind)) for label, key, kind in LEAK_COUNTS]
+    grown = [label for label, was, now in leaks if now > was]
+    verdict = "nothing left behind" if not grown else f"LEAK? higher after the run: {', '.join(grown)}"
+    pools = ", ".join(f"{label} {before.get(key, {}).get(kind, 0)} -> {after.get(key, {}).get(kind, 0)}"
+                      for label, key, kind in (("executor threads", "threads_by_kind", "executor"),
+                                               ("database threads", "threads_by_kind", "database"),
+                                               ("database files", "open_files_by_kind", "database")))
+    kept = after.get("tasks_by_kind", {})
+    return [
+        "app state before -> after (GET /lab/state): "
+        + ", ".join(f"{label} {was} -> {now}" for label, was, now in leaks) + f"; {verdict}",
+        f"  pooled, bounded: {pools}",
+        f"  sessions {before.get('sessions')} -> {after.get('sessions')} "
+        f"({after.get('connected_sessions')} connected; the others are kept "
+        f"{after.get('session_timeout_s')} s for a reconnect, {kept.get('kept_sessions', 0)} timers), "
+        f"socket ping tasks still ending {kept.get('socket_pings', 0)}",
+    ]
 
 
 def report_lines(summary: Summary) -> list[str]:
@@ -215,6 +259,7 @@ def report_lines(summary: Summary) -> list[str]:
                      f"(growth after warm-up {m.max_after_warm_up_mb - m.after_warm_up_mb:+.0f} MB)")
     else:
         lines.append("app memory: no samples")
+    lines += state_lines(s.state_before, s.state_after)
     lines.append(s.last_line())
     return lines
 

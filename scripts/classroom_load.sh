@@ -115,6 +115,8 @@ wait_http() {  # URL PID SECONDS LOG: until URL answers 200, while PID lives
 if [ -z "$host" ]; then
   [ -x "$APP_VENV/bin/chainlit" ] || fail "no chainlit in $APP_VENV: run 'bash scripts/setup.sh' first (or set APP_VENV)"
   app_env=(CHAINLIT_APP_ROOT="$PWD")
+  # The students' chats go to a database of the run's own, not the lab's history (unless DATABASE_URL says where).
+  [ -n "${DATABASE_URL:-}" ] || app_env+=(DATABASE_URL="sqlite+aiosqlite:///$results/load-run.db")
   if [ "$paced" = 1 ]; then
     paced_port=$(free_port)
     step "Starting the paced test server on 127.0.0.1:$paced_port (${PACED_RATE:-50} tokens/s, ${PACED_TOKENS:-60} per reply)"
@@ -146,6 +148,12 @@ else
 fi
 
 # ---------------------------------------------------------------- the run
+# One chat first, so the counts "before" include what the app starts once for its first chat (the
+# socket server's service task, the model loaded), and the leak check sees only what students leave.
+step "Warm-up: one chat with one message (the counts before the run include what a first chat starts)"
+"$LOAD_PY" -m load.chainlit_client "$host" -m "Say hello." --timeout-s 180 > "$results/warm-up.log" 2>&1 \
+  || { cat "$results/warm-up.log" >&2; fail "the warm-up chat failed (log: $results/warm-up.log)"; }
+curl -sf "$host/lab/state" > "$results/state-before.json" || rm -f "$results/state-before.json"
 "$LOAD_PY" -m load.rss_sampler "${sampler_target[@]}" --out "$results/rss.csv" > "$results/rss-sampler.log" 2>&1 &
 pids+=($!)
 step "Running Locust: $users users, $spawn_rate new per second, $run_s s (log: $results/locust.log)"
@@ -170,6 +178,8 @@ done
 locust_status=0
 wait "$locust_pid" || locust_status=$?
 [ "$locust_status" = 0 ] || { tail -n 30 "$results/locust.log" >&2; fail "Locust exited with $locust_status (log: $results/locust.log)"; }
+sleep "${LOAD_SETTLE_S:-10}"  # sockets closed; pooled backend connections expire after 5 s idle
+curl -sf "$host/lab/state" > "$results/state-after.json" || rm -f "$results/state-after.json"
 stop_all
 
 echo

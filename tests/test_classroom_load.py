@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from load.summary import memory_from_samples, percentile, report_lines, summarize_records
+from load.summary import memory_from_samples, percentile, report_lines, state_lines, summarize_records
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "classroom_load.sh"
@@ -84,6 +84,24 @@ def test_summary_counts_every_message_once_and_ends_with_the_machine_line():
     assert "warm-up 300 MB" in text and "growth after warm-up +10 MB" in text
 
 
+def test_app_state_lines_flag_what_stayed_higher_after_the_students_left():
+    before = {"threads": 3, "threads_by_kind": {"database": 0, "executor": 2, "model": 1, "other": 0},
+              "tasks": 3, "tasks_by_kind": {"kept_sessions": 0, "socket_pings": 0, "other": 3},
+              "open_files_by_kind": {"database": 3, "other": 1}, "backend_connections": 0,
+              "client_connections": 1, "sessions": 0, "connected_sessions": 0, "session_timeout_s": 600}
+    # Pools that filled and sessions kept for a reconnect are not leaks.
+    pooled = {**before, "threads_by_kind": {"database": 10, "executor": 6, "model": 1, "other": 0},
+              "tasks_by_kind": {"kept_sessions": 30, "socket_pings": 4, "other": 3}, "sessions": 30}
+    lines = state_lines(before, pooled)
+    assert "nothing left behind" in lines[0] and "database threads 0 -> 10" in lines[1]
+    assert "sessions 0 -> 30 (0 connected; the others are kept 600 s" in lines[2]
+    leaked = {**pooled, "tasks_by_kind": {"kept_sessions": 30, "socket_pings": 0, "other": 40},
+              "backend_connections": 2}
+    line = state_lines(before, leaked)[0]
+    assert "LEAK? higher after the run: tasks, backend connections" in line and "tasks 3 -> 40" in line
+    assert "not read" in state_lines(None, before)[0]
+
+
 # ---------------------------------------------------------------- a real run
 
 
@@ -107,6 +125,12 @@ def test_a_short_real_run_against_the_paced_server(tmp_path: Path):
     assert float(last["p50"]) <= float(last["p99"]) < 10
     assert float(last["rss"]) > 50
     assert "p99" in result.stdout and "health" in result.stdout
+    # The app's own counts were read before and after, and no thread or task outlived the students.
+    assert "app state before -> after" in result.stdout, result.stdout[-2000:]
+    after = json.loads((results / "state-after.json").read_text())
+    before = json.loads((results / "state-before.json").read_text())
+    assert after["sessions"] == 6 and after["connected_sessions"] == 0, after  # the warm-up chat and 5 students
+    assert "nothing left behind" in result.stdout, (before, after)
     opens = [json.loads(line) for path in results.glob("chat-records-*.jsonl")
              for line in path.read_text().splitlines() if '"kind": "open"' in line]
     assert len(opens) == 5 and all(o["ok"] and o["transport"] == "websocket" for o in opens)

@@ -1,0 +1,100 @@
+"""What the running app holds, for operators and the classroom load test: GET /lab/state.
+
+Counts only, nothing about anyone's chats: sessions Chainlit keeps (connected,
+and disconnected ones it keeps for `session_timeout` so a tab can reconnect),
+threads, asyncio tasks, TCP connections (from clients, and to backends), open
+files and memory.
+
+Threads and tasks are counted by kind, because some grow on purpose and stay
+bounded: the database pool's connection threads (aiosqlite runs one thread per
+connection), asyncio's default executor, the one llama.cpp thread per model,
+the task that frees a disconnected session after `session_timeout`, and
+engine.io's ping task, which ends within one ping interval after its socket
+closed. What is left, "other", has no such bound: the load test reads the state
+before and after a run, and "other" that grew and did not come back is a leak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import psutil
+
+STARTED_AT = time.monotonic()
+
+# Thread names -> kind. The names are the libraries' own (threading.Thread targets and prefixes).
+THREAD_KINDS = (
+    ("_connection_worker_thread", "database"),  # aiosqlite: one per pooled connection
+    ("asyncio_", "executor"),  # asyncio's default ThreadPoolExecutor (bounded by max_workers)
+    ("llama-cpp-", "model"),  # backends.llamacpp: one per loaded model
+)
+# Task coroutine names -> kind.
+TASK_KINDS = (
+    ("clear_on_timeout", "kept_sessions"),  # chainlit.socket: frees a session after session_timeout
+    ("_send_ping", "socket_pings"),  # engine.io: one per socket, ends after the socket closed
+)
+
+
+def _kind(name: str, kinds: tuple[tuple[str, str], ...]) -> str:
+    return next((kind for marker, kind in kinds if marker in name), "other")
+
+
+def _count(names: list[str], kinds: tuple[tuple[str, str], ...]) -> dict[str, int]:
+    counts = {kind: 0 for _, kind in kinds} | {"other": 0}
+    for name in names:
+        counts[_kind(name, kinds)] += 1
+    return counts
+
+
+def _task_name(task: asyncio.Task) -> str:
+    coro = task.get_coro()
+    return getattr(coro, "__qualname__", None) or repr(coro)
+
+
+def _connected_sessions(session_ids) -> int:
+    from chainlit.server import sio
+
+    return sum(1 for sid in session_ids if sio.manager.is_connected(sid, "/"))
+
+
+DATABASE_FILE_ENDINGS = (".db", ".db-wal", ".db-shm", ".db-journal", ".sqlite", ".sqlite3")
+
+
+def process_state() -> dict:
+    """The app process's resources now."""
+    from chainlit.config import config
+    from chainlit.session import ws_sessions_id, ws_sessions_sid
+
+    process = psutil.Process()
+    connections = process.net_connections(kind="tcp")
+    listening = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
+    established = [c for c in connections if c.status == psutil.CONN_ESTABLISHED]
+    from_clients = sum(1 for c in established if c.laddr.port in listening)
+    threads = [t.name for t in threading.enumerate()]
+    tasks = [_task_name(t) for t in asyncio.all_tasks()]
+    files = [f.path for f in process.open_files()]
+    database_files = sum(1 for path in files if path.endswith(DATABASE_FILE_ENDINGS))
+    return {
+        "uptime_s": round(time.monotonic() - STARTED_AT, 1),
+        "sessions": len(ws_sessions_id),
+        "connected_sessions": _connected_sessions(list(ws_sessions_sid)),
+        "threads": len(threads),
+        "threads_by_kind": _count(threads, THREAD_KINDS),
+        "tasks": len(tasks),
+        "tasks_by_kind": _count(tasks, TASK_KINDS),
+        # What the unbounded tasks are, by coroutine (names only), to see a leak's source at once.
+        "other_tasks": dict(Counter(n for n in tasks if _kind(n, TASK_KINDS) == "other").most_common(10)),
+        "client_connections": from_clients,
+        "backend_connections": len(established) - from_clients,
+        "open_files": len(files),
+        "open_files_by_kind": {"database": database_files, "other": len(files) - database_files},
+        "rss_mb": round(process.memory_info().rss / 2**20, 1),
+        "session_timeout_s": config.project.session_timeout,
+    }
+
+
+async def state_endpoint() -> dict:
+    return process_state()
