@@ -111,6 +111,11 @@ async def on_bench(action: cl.Action) -> None:
     await commands.run_action("bench")
 
 
+@cl.action_callback("status")
+async def on_status(action: cl.Action) -> None:
+    await commands.run_action("status")
+
+
 @cl.action_callback("simulate")
 async def on_simulate(action: cl.Action) -> dict:
     return await engines_view.simulate(action.payload)

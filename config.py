@@ -31,9 +31,11 @@ DEFAULT_URLS = {
     "tgi": "http://127.0.0.1:8080",
 }
 # The per-backend variables (after the N_ prefix) each kind reads; .env.example documents them.
-_REMOTE = ("LABEL", "BASE_URL", "API_KEY", "TIMEOUT_S", "CONNECT_TIMEOUT_S")
+# The stream watchdog's limits (backends/watchdog.py), for every kind.
+_STREAM = ("FIRST_TOKEN_TIMEOUT_S", "STALL_TIMEOUT_S")
+_REMOTE = ("LABEL", "BASE_URL", "API_KEY", "TIMEOUT_S", "CONNECT_TIMEOUT_S") + _STREAM
 KIND_VARIABLES = {
-    "llamacpp": ("LABEL", "MODEL_PATH", "N_CTX", "THREADS"),
+    "llamacpp": ("LABEL", "MODEL_PATH", "N_CTX", "THREADS") + _STREAM,
     "vllm": _REMOTE + ("MODEL",),
     "openai": _REMOTE + ("MODEL",),
     "tgi": _REMOTE + ("ROUTE", "ADAPTER_ID", "CHAT_TEMPLATE"),
@@ -170,6 +172,14 @@ def _optional_bound(env: Mapping[str, str], variable: str, bound: OptionalBound)
     return OptionalBound(int(value) if bound.integer else value, bound.minimum, bound.maximum, bound.integer)
 
 
+def _seconds(variable: str, raw: str) -> float:
+    """A time limit: a positive number of seconds."""
+    value = _number(variable, raw)
+    if not value > 0 or value == float("inf"):
+        raise ConfigurationError(f"{variable}={raw} must be a positive number of seconds.")
+    return value
+
+
 def _number(variable: str, raw: str) -> float:
     try:
         return float(raw)
@@ -187,8 +197,14 @@ class BackendConfig:
     base_url: str = ""
     api_key: str = ""
     model: str = ""
-    timeout_s: float = 60.0
+    # The transport's read timeout: the longest wait for any bytes (a last resort; the
+    # watchdog's first-token and stall limits below normally fire first).
+    timeout_s: float = 120.0
     connect_timeout_s: float = 3.0
+    # Request sent -> first text (the embedded model's own queue does not count).
+    first_token_timeout_s: float = 60.0
+    # The longest gap between chunks once text flows.
+    stall_timeout_s: float = 30.0
     # TGI only: "messages" (/v1/chat/completions) or "generate" (/generate_stream).
     tgi_route: str = "messages"
     tgi_adapter_id: str = ""
@@ -243,8 +259,10 @@ def _backend_config(name: str, env: Mapping[str, str]) -> BackendConfig:
         base_url=get("BASE_URL", DEFAULT_URLS.get(kind, "")).rstrip("/"),
         api_key=get("API_KEY"),
         model=get("MODEL"),
-        timeout_s=_number(prefix + "TIMEOUT_S", get("TIMEOUT_S", "60")),
-        connect_timeout_s=_number(prefix + "CONNECT_TIMEOUT_S", get("CONNECT_TIMEOUT_S", "3")),
+        timeout_s=_seconds(prefix + "TIMEOUT_S", get("TIMEOUT_S", "120")),
+        connect_timeout_s=_seconds(prefix + "CONNECT_TIMEOUT_S", get("CONNECT_TIMEOUT_S", "3")),
+        first_token_timeout_s=_seconds(prefix + "FIRST_TOKEN_TIMEOUT_S", get("FIRST_TOKEN_TIMEOUT_S", "60")),
+        stall_timeout_s=_seconds(prefix + "STALL_TIMEOUT_S", get("STALL_TIMEOUT_S", "30")),
         tgi_route=route,
         tgi_adapter_id=get("ADAPTER_ID"),
         tgi_chat_template=get("CHAT_TEMPLATE"),

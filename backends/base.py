@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Literal, Mapping, Protocol
 
 if TYPE_CHECKING:
     from backends.engine_metrics import EngineSnapshot
+    from config import BackendConfig
 
 Role = Literal["system", "user", "assistant"]
 
@@ -186,6 +187,34 @@ class BackendInfo:
     stand_in: str | None = None
 
 
+@dataclass(frozen=True)
+class StreamLimits:
+    """How long a reply may take to start and how long it may pause once text flows.
+
+    Enforced by one watchdog (backends/watchdog.py) around every backend's
+    stream, in the chat and in the load engine alike. `prefix` is the
+    backend's variable prefix (e.g. "VLLM_"), so a message can name the
+    variable that sets each limit.
+    """
+
+    first_token_s: float
+    stall_s: float
+    prefix: str = ""
+
+    @property
+    def first_token_variable(self) -> str:
+        return f"{self.prefix}FIRST_TOKEN_TIMEOUT_S"
+
+    @property
+    def stall_variable(self) -> str:
+        return f"{self.prefix}STALL_TIMEOUT_S"
+
+    @classmethod
+    def of(cls, config: "BackendConfig") -> "StreamLimits":
+        """The limits a configured backend runs with."""
+        return cls(config.first_token_timeout_s, config.stall_timeout_s, config.env_prefix)
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A serving stack the app can talk to.
@@ -198,6 +227,7 @@ class Backend(Protocol):
     kind: str
     label: str
     url: str
+    stream_limits: StreamLimits  # first-token and stall limits, enforced around `stream()`
 
     async def prepare(self, messages: Sequence[ChatMessage], params: GenerationParams) -> PreparedRequest:
         """Everything before sending: lookups, templating, the request body. Not measured."""

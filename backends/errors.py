@@ -3,23 +3,86 @@
 Each carries the backend's label and URL and a message that tells a person
 what happened and what to do. The chat handlers catch `BackendError` only;
 anything else is a bug and is allowed to surface.
+
+Configured API keys never appear in an error: a backend registers its key
+(`register_secret`) and every `BackendError` is redacted when it is made, so
+a server that echoes the key it was sent (as OpenAI's own 401 does) cannot
+carry it into the page, the logs or the database.
 """
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+
 from config import ConfigurationError  # noqa: F401  (raised by the backends too; defined with the settings)
+
+REDACTED = "[redacted key]"
+_SECRETS: set[str] = set()
+
+
+def register_secret(value: str) -> None:
+    """Keep `value` (a configured API key) out of every BackendError from now on."""
+    if value:
+        _SECRETS.add(value)
+
+
+def redact(text: str) -> str:
+    """`text` with every registered secret replaced (longest first, so no secret leaves a piece)."""
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from an HTTP `Retry-After` header: delay-seconds or an HTTP date.
+
+    None when absent or unreadable; a date in the past gives 0.
+    """
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+
+
+def busy_message(status: int | None, retry_after_s: float | None) -> str:
+    """'busy, retry in 7 s (HTTP 429)'; without a Retry-After 'busy (HTTP 429)'; without a status 'busy'."""
+    text = "busy" if retry_after_s is None else f"busy, retry in {math.ceil(retry_after_s):d} s"
+    return text if status is None else f"{text} (HTTP {status})"
+
+
+def busy_hint(retry_after_s: float | None) -> str:
+    """What to do about a busy server; the app never retries by itself."""
+    if retry_after_s is None:
+        return "Wait a moment and send again, or choose another backend."
+    return "The app does not retry by itself: send again then, or choose another backend."
 
 
 class BackendError(Exception):
-    """A problem with a backend that a person can act on."""
+    """A problem with a backend that a person can act on.
+
+    `retry_after_s` is set when the server said when to try again (HTTP
+    `Retry-After` on a 429 or 503); the app shows it and never retries by itself.
+    """
 
     kind = "error"
 
-    def __init__(self, backend: str, url: str, message: str, *, hint: str = "") -> None:
+    def __init__(self, backend: str, url: str, message: str, *, hint: str = "",
+                 retry_after_s: float | None = None) -> None:
         self.backend = backend
         self.url = url
-        self.message = message
-        self.hint = hint
+        self.message = redact(message)
+        self.hint = redact(hint)
+        self.retry_after_s = retry_after_s
         super().__init__(self.describe())
 
     def describe(self) -> str:
@@ -35,9 +98,14 @@ class BackendUnavailable(BackendError):
 
 
 class BackendTimeout(BackendError):
-    """The server did not answer in time."""
+    """A limit ran out. `limit` says which: "connect", "read" (the transport's read timeout),
+    "first_token" or "stall" (the stream watchdog, backends/watchdog.py)."""
 
     kind = "timeout"
+
+    def __init__(self, backend: str, url: str, message: str, *, limit: str, hint: str = "") -> None:
+        self.limit = limit
+        super().__init__(backend, url, message, hint=hint)
 
 
 class InputRejected(BackendError):
@@ -53,9 +121,15 @@ class BackendOverloaded(BackendError):
 
 
 class GenerationFailed(BackendError):
-    """Generation started but failed on the server (TGI 424/500, in-stream error event)."""
+    """Generation started but failed on the server (TGI 424/500, in-stream error event, a
+    malformed or unfinished stream)."""
 
     kind = "generation"
+
+
+class ConnectionLost(GenerationFailed):
+    """The connection broke after the reply had started streaming (the server crashed or
+    restarted mid-reply): the text so far stays, and the server may be down now."""
 
 
 class UnknownBackend(LookupError):
@@ -65,5 +139,3 @@ class UnknownBackend(LookupError):
         self.name = name
         self.known = known
         super().__init__(f"Unknown backend {name!r}. Configured backends: {', '.join(known) or 'none'}.")
-
-

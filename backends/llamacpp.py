@@ -43,6 +43,7 @@ from backends.base import (
     PreparedRequest,
     ServerFigures,
     StreamChunk,
+    StreamLimits,
 )
 from backends.engine_metrics import LLAMACPP_SOURCE, EngineSnapshot
 from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
@@ -236,6 +237,7 @@ class LlamaCppBackend:
         self.label = config.label
         self.model = shared_model(config)
         self.url = f"in-process: {self.model.path.name}"
+        self.stream_limits = StreamLimits.of(config)
 
     # Loading ------------------------------------------------------------------
 

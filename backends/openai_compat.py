@@ -23,13 +23,21 @@ measured request never pays for either.
 
 The parsing of chunks and errors is in small pure functions below, tested on
 chunks recorded from a real vLLM server (tests/test_openai_parsing.py).
+
+A stream must end with a `finish_reason`: one that ends without it, breaks
+off, or carries a line that is not JSON or a chunk of another shape is a
+`GenerationFailed` that says so (the text so far is kept), never a short
+reply shown as complete. A connection that breaks once the reply has started
+is `ConnectionLost` ("lost mid-reply"), not "not reachable".
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, AsyncIterator, Mapping, Sequence
 
+import httpx2  # the openai package's own transport: its exceptions are the causes of openai's
 import openai
 
 from backends.base import (
@@ -39,6 +47,7 @@ from backends.base import (
     PreparedRequest,
     ServerFigures,
     StreamChunk,
+    StreamLimits,
     ignore_unsupported,
 )
 from backends.engine_metrics import EngineSnapshot, MetricsFormatError, parse_vllm_metrics
@@ -47,8 +56,13 @@ from backends.errors import (
     BackendOverloaded,
     BackendTimeout,
     BackendUnavailable,
+    ConnectionLost,
     GenerationFailed,
     InputRejected,
+    busy_hint,
+    busy_message,
+    parse_retry_after,
+    register_secret,
 )
 from config import BackendConfig
 
@@ -61,6 +75,17 @@ PLACEHOLDER_API_KEY = "not-needed"
 WARM_AFTER_IDLE_S = 3.0
 # The optional sampling settings each kind can send, by their names in GenerationParams.
 SUPPORTED_SETTINGS = {"vllm": ("top_k", "min_p", "repetition_penalty", "seed"), "openai": ("seed",)}
+QUOTE_LIMIT = 200  # characters of a malformed line or chunk quoted in an error
+
+
+class MalformedChunk(ValueError):
+    """A streamed chunk that is not a `chat.completion.chunk` this app can read; says what is wrong."""
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """A short, printable excerpt of what the server sent."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 # ---------------------------------------------------------------- pure parsing
@@ -85,7 +110,12 @@ def parse_chunk(
     - The closing usage chunk (`choices == []`) carries no text or tokens, only
       the server's own figures (and vLLM's per-request `metrics` if enabled).
     - llama.cpp's server puts its `timings` on its last chunk.
+
+    Raises MalformedChunk (naming the problem, quoting the chunk) for anything
+    else: not an object, `choices` not a list, a choice or delta that is not
+    an object, text that is not a string, a usage count that is not a number.
     """
+    check_chunk_shape(data)
     usage = data.get("usage") or None
     choices = data.get("choices") or []
     figures = server_figures(data, usage_source)
@@ -107,6 +137,41 @@ def parse_chunk(
         token_count = 0  # a role-only or finish-only chunk carries no token we can see
     chunk = StreamChunk(text=text, token_count=token_count, finish_reason=finish_reason, server_figures=figures)
     return chunk, completion_tokens_so_far
+
+
+def check_chunk_shape(data: object) -> None:
+    """Raise MalformedChunk unless `data` has the shape `parse_chunk` reads."""
+
+    def problem(what: str) -> MalformedChunk:
+        return MalformedChunk(f"{what}: {quote(data)}")
+
+    def kind(value: object) -> str:
+        return type(value).__name__
+
+    if not isinstance(data, Mapping):
+        raise problem(f"the chunk is a JSON {kind(data)}, not an object")
+    choices = data.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise problem(f'"choices" is a {kind(choices)}, not a list')
+    for choice in choices or []:
+        if not isinstance(choice, Mapping):
+            raise problem(f"a choice is a {kind(choice)}, not an object")
+        delta = choice.get("delta")
+        if delta is not None and not isinstance(delta, Mapping):
+            raise problem(f'"delta" is a {kind(delta)}, not an object')
+        content = (delta or {}).get("content")
+        if content is not None and not isinstance(content, str):
+            raise problem(f'"delta.content" is a {kind(content)}, not text')
+        finish = choice.get("finish_reason")
+        if finish is not None and not isinstance(finish, str):
+            raise problem(f'"finish_reason" is a {kind(finish)}, not text')
+    usage = data.get("usage")
+    if usage is not None and not isinstance(usage, Mapping):
+        raise problem(f'"usage" is a {kind(usage)}, not an object')
+    for name in ("completion_tokens", "prompt_tokens"):
+        count = (usage or {}).get(name)
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            raise problem(f'"usage.{name}" is a {kind(count)}, not a whole number')
 
 
 def server_figures(data: Mapping[str, Any], usage_source: str) -> ServerFigures | None:
@@ -209,7 +274,9 @@ class OpenAICompatBackend:
         self.kind = config.kind
         self.label = config.label
         self.url = config.base_url
+        self.stream_limits = StreamLimits.of(config)
         self._config = config
+        register_secret(config.api_key)
         self._root_url = server_root(config.base_url)
         # One client per backend, kept for the life of the process: its connection pool
         # is warm for every request (a client per request would add its set-up to TTFT).
@@ -278,25 +345,63 @@ class OpenAICompatBackend:
         )
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
-        """Send the prepared request; closing this generator closes the HTTP stream (vLLM then aborts)."""
+        """Send the prepared request; closing this generator closes the HTTP stream (vLLM then aborts).
+
+        `create()` returns once the response headers arrived: every failure after that is
+        mid-reply (the connection lost, the read timeout, a malformed or unfinished stream).
+        """
         self._last_used_s = time.monotonic()
         try:
             response_stream = await self._completions.create(**request.body)
         except openai.APIError as error:
-            raise self._translate(error) from error
+            raise self._translate(error) from None
         completion_tokens_so_far = 0
+        chunks = 0
+        finished = False
         try:
             async for completion_chunk in response_stream:
+                chunks += 1
+                data = (completion_chunk.to_dict(warnings=False) if isinstance(completion_chunk, openai.BaseModel)
+                        else completion_chunk)
                 chunk, completion_tokens_so_far = parse_chunk(
-                    completion_chunk.to_dict(), completion_tokens_so_far, usage_source=self._usage_source
+                    data, completion_tokens_so_far, usage_source=self._usage_source
                 )
                 if chunk is not None:
+                    finished = finished or chunk.finish_reason is not None
                     yield chunk
+        except openai.APITimeoutError:
+            raise self._read_timeout(mid_reply_after=chunks) from None
+        except openai.APIConnectionError as error:
+            raise ConnectionLost(
+                self.label, self.url,
+                f"the connection was lost mid-reply (after {chunks} chunks: {_cause_text(error)}).",
+                hint="The server may have crashed or restarted; the text so far is kept. "
+                     "Send again once it is back (/status shows it).",
+            ) from None
         except openai.APIError as error:
-            raise self._translate(error) from error
+            raise self._translate(error) from None
+        except json.JSONDecodeError as error:
+            raise GenerationFailed(
+                self.label, self.url,
+                f"the server sent a stream line that is not JSON after {chunks} chunks ({error.msg}): "
+                f"{quote(error.doc)}",
+                hint="The text so far is kept. Check that the URL points at an OpenAI-compatible server.",
+            ) from None
+        except MalformedChunk as problem:
+            raise GenerationFailed(
+                self.label, self.url, f"the server sent a chunk of an unexpected shape ({problem}).",
+                hint="The text so far is kept. Check that the URL points at an OpenAI-compatible server.",
+            ) from None
         finally:
             self._last_used_s = time.monotonic()
             await response_stream.close()
+        if not finished:
+            raise GenerationFailed(
+                self.label, self.url,
+                f"the server closed the stream before the reply finished (after {chunks} chunks, "
+                f"no finish_reason).",
+                hint="The text so far is kept; send again. If it keeps happening, check the server's log.",
+            )
 
     def pending_warm_up(self) -> str | None:
         return None
@@ -310,7 +415,7 @@ class OpenAICompatBackend:
         except openai.NotFoundError:
             return None
         except openai.APIError as error:
-            raise self._translate(error) from error
+            raise self._translate(error) from None
         try:
             snapshot = parse_vllm_metrics(text, taken_at_s)
         except MetricsFormatError:
@@ -331,7 +436,7 @@ class OpenAICompatBackend:
             try:
                 listing = await self._client.get("/models", cast_to=object)
             except openai.APIError as error:
-                raise self._translate(error) from error
+                raise self._translate(error) from None
             models = list(listing.get("data") or []) if isinstance(listing, Mapping) else []
             if not models:
                 raise BackendUnavailable(
@@ -371,7 +476,7 @@ class OpenAICompatBackend:
             else:
                 await self._client.get("/models", cast_to=object)
         except openai.APIError as error:
-            raise self._translate(error) from error
+            raise self._translate(error) from None
         self._last_used_s = time.monotonic()  # the pool now holds a fresh connection
 
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
@@ -388,7 +493,7 @@ class OpenAICompatBackend:
         except openai.NotFoundError:
             return None
         except openai.APIError as error:
-            raise self._translate(error) from error
+            raise self._translate(error) from None
         count = result.get("count") if isinstance(result, Mapping) else None
         return int(count) if count is not None else None
 
@@ -402,36 +507,50 @@ class OpenAICompatBackend:
         except openai.NotFoundError:
             return None
         except openai.APIError as error:
-            raise self._translate(error) from error
+            raise self._translate(error) from None
 
     # ------------------------------------------------------------ errors
 
+    def _start_hint(self) -> str:
+        start = f"Start it with `{VLLM_START_COMMAND}`" if self.is_vllm else "Start the server"
+        return f"{start}, or check {self._config.env_prefix}BASE_URL in .env."
+
+    def _read_timeout(self, mid_reply_after: int | None = None) -> BackendTimeout:
+        variable = f"{self._config.env_prefix}TIMEOUT_S"
+        when = "" if mid_reply_after is None else f" mid-reply (after {mid_reply_after} chunks)"
+        return BackendTimeout(
+            self.label, self.url,
+            f"no data from the server for {self._config.timeout_s:g} s{when} ({variable}, the read timeout).",
+            limit="read", hint=f"It may be overloaded; raise {variable} in .env to wait longer.",
+        )
+
     def _translate(self, error: openai.APIError) -> BackendError:
-        """Map an `openai` exception to the typed error a person can act on."""
+        """Map an `openai` exception (before the reply started) to the typed error a person can act on."""
         prefix = self._config.env_prefix
         where = (self.label, self.url)
         if isinstance(error, openai.APITimeoutError):
-            return BackendTimeout(
-                *where,
-                f"the server did not answer in time (limits: {self._config.connect_timeout_s:g} s to connect, "
-                f"{self._config.timeout_s:g} s between replies).",
-                hint=f"It may be overloaded; {prefix}TIMEOUT_S and {prefix}CONNECT_TIMEOUT_S in .env set the limits.",
-            )
+            if isinstance(error.__cause__, httpx2.ConnectTimeout):
+                return BackendTimeout(
+                    *where, f"could not connect within {self._config.connect_timeout_s:g} s "
+                            f"({prefix}CONNECT_TIMEOUT_S).",
+                    limit="connect", hint=f"The server may be down or unreachable from here. {self._start_hint()}",
+                )
+            return self._read_timeout()
         if isinstance(error, openai.APIConnectionError):
-            start = f"Start it with `{VLLM_START_COMMAND}`" if self.is_vllm else "Start the server"
             return BackendUnavailable(
-                *where, "the server is not reachable (connection refused or dropped).",
-                hint=f"{start}, or check {prefix}BASE_URL in .env.",
+                *where, f"the server is not reachable ({_cause_text(error)}).", hint=self._start_hint(),
             )
         message = error_message(error.body, fallback=error.message)
         if not isinstance(error, openai.APIStatusError):
             # An error event inside a stream that had already started (`data: {"error": ...}`).
             return GenerationFailed(*where, f"generation failed: {message}")
         status = error.status_code
+        retry_after_s = parse_retry_after(error.response.headers.get("retry-after"))
         if status in (400, 422):
             return InputRejected(*where, f"the server rejected the request: {message}")
         if status == 429:
-            return BackendOverloaded(*where, f"the server is at capacity: {message}", hint="Try again shortly.")
+            return BackendOverloaded(*where, f"{busy_message(status, retry_after_s)}: {message}",
+                                     hint=busy_hint(retry_after_s), retry_after_s=retry_after_s)
         if status in (401, 403):
             return BackendUnavailable(
                 *where, f"the server refused the API key (HTTP {status}): {message}",
@@ -448,7 +567,19 @@ class OpenAICompatBackend:
                 hint=f"Check {prefix}BASE_URL in .env (OpenAI-compatible servers usually end in /v1).",
             )
         if status == 503:
-            return BackendUnavailable(*where, f"the server is not ready: {message}", hint="Try again shortly.")
+            if retry_after_s is not None:
+                return BackendUnavailable(*where, f"{busy_message(status, retry_after_s)}: {message}",
+                                          hint=busy_hint(retry_after_s), retry_after_s=retry_after_s)
+            return BackendUnavailable(*where, f"the server is not ready (HTTP 503): {message}",
+                                      hint="Try again shortly.")
         if status >= 500:
             return GenerationFailed(*where, f"server error (HTTP {status}): {message}")
         return GenerationFailed(*where, f"unexpected HTTP {status}: {message}")
+
+
+def _cause_text(error: openai.APIError) -> str:
+    """What the transport said (e.g. 'All connection attempts failed'), else the error's class."""
+    cause = error.__cause__
+    if cause is None:
+        return "connection refused or dropped"
+    return str(cause) or type(cause).__name__

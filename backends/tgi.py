@@ -26,7 +26,11 @@ cancels the generation.
 
 TGI answers a streaming request with 200 and reports later problems as an
 event `{"error", "error_type"}`; a proxy or an older server may answer with
-the HTTP status instead. Both become the same typed errors. TGI reports its
+the HTTP status instead. Both become the same typed errors (a 429/503 with
+`Retry-After` says when to send again). A stream must end with its final
+event (native: `details`; Messages API: a `finish_reason` or `[DONE]`); one
+that breaks off is `ConnectionLost` ("lost mid-reply") or `GenerationFailed`,
+never a short reply shown as complete. TGI reports its
 timing headers (x-queue-time, x-inference-time, x-time-per-token) only on
 non-streaming responses; they are read whenever a response carries them.
 """
@@ -52,6 +56,7 @@ from backends.base import (
     PreparedRequest,
     ServerFigures,
     StreamChunk,
+    StreamLimits,
     ignore_unsupported,
 )
 from backends.engine_metrics import EngineSnapshot, parse_tgi_metrics
@@ -61,8 +66,13 @@ from backends.errors import (
     BackendTimeout,
     BackendUnavailable,
     ConfigurationError,
+    ConnectionLost,
     GenerationFailed,
     InputRejected,
+    busy_hint,
+    busy_message,
+    parse_retry_after,
+    register_secret,
 )
 from config import BackendConfig
 
@@ -72,6 +82,7 @@ NO_ADAPTER_MODEL = "tgi"  # the Messages API's `model` meaning "the base model, 
 # TGI's vocabularies: native `details.finish_reason`, and the OpenAI-style one the UI shows.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length", "stop": "stop"}
 SERVER_TEXT_LIMIT = 500  # characters of a server's error body quoted in a message
+EVENT_QUOTE_LIMIT = 200  # characters of a malformed event quoted in a message
 # /info's `router` of tests/tgi_protocol_server.py: its numbers are a stand-in's, not TGI's.
 TEST_SERVER_ROUTER = "tgi-protocol-test-server"
 WARM_AFTER_IDLE_S = 3.0  # a connection idle longer than this is reopened before the clock starts
@@ -222,6 +233,8 @@ class TGIBackend:
         self.url = config.base_url.rstrip("/")
         self.route = config.tgi_route
         self.adapter_id = config.tgi_adapter_id or None
+        self.stream_limits = StreamLimits.of(config)
+        register_secret(config.api_key)
         # Only the configured key is ever sent (never a locally stored Hugging Face token).
         headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         # Kept for the life of the process and shared by all sessions: warm, pooled connections.
@@ -271,22 +284,28 @@ class TGIBackend:
         """Send the prepared request on the kept client; the HTTP stream is closed when this ends or is closed."""
         path = ROUTE_PATHS[self.route]
         self._last_used_s = time.monotonic()
+        events: int | None = None  # None until the response headers arrived: errors before are not mid-reply
+        finished = False
         try:
             async with self._http.stream("POST", path, json=request.body,
                                          headers={"accept": "text/event-stream"}) as response:
                 if response.status_code != 200:
                     await response.aread()
                     self._raise_for_status(response, path)
+                events = 0
                 figures = header_figures(response.headers)
                 # Closed here, not by the garbage collector in some other task, when an error
                 # event or the consumer's Stop ends the loop early.
-                async with aclosing(EventSource(response).aiter_sse()) as events:
-                    async for event in events:
+                async with aclosing(EventSource(response).aiter_sse()) as sse:
+                    async for event in sse:
+                        events += 1
                         # Read on past [DONE] to the end of the body: a response read to its end
                         # hands its connection back to the pool; one left unread would be closed.
                         if event.data.strip() == "[DONE]":
+                            finished = True
                             continue
                         for chunk in self._event_chunks(event.data, path):
+                            finished = finished or chunk.finish_reason is not None
                             yield chunk
                 if figures is not None:
                     yield StreamChunk(token_count=0, server_figures=figures)
@@ -296,9 +315,17 @@ class TGIBackend:
                 hint=f"Check that {self.config.env_prefix}BASE_URL points at TGI.",
             ) from None
         except httpx.HTTPError as error:
-            raise self.translate_error(error, path) from error
+            raise self.translate_error(error, path, mid_reply_after=events) from error
         finally:
             self._last_used_s = time.monotonic()
+        if not finished:
+            final = "its final event (details)" if self.route == "generate" else "a finish_reason or [DONE]"
+            raise GenerationFailed(
+                self.label, self.url,
+                f"the server closed the stream before the reply finished (after {events} events, "
+                f"without {final}).",
+                hint="The text so far is kept; send again. If it keeps happening, check the TGI server's log.",
+            )
 
     def _event_chunks(self, data: str, path: str) -> list[StreamChunk]:
         """One SSE event's chunks; an error event raises the typed error."""
@@ -306,11 +333,11 @@ class TGIBackend:
             payload = json.loads(data)
         except json.JSONDecodeError:
             raise GenerationFailed(
-                self.label, self.url, f"{path} sent an event that is not JSON: {data[:SERVER_TEXT_LIMIT]!r}",
-                hint="Check that the URL points at TGI.",
+                self.label, self.url, f"{path} sent an event that is not JSON: {_quote(data)}",
+                hint="The text so far is kept. Check that the URL points at TGI.",
             ) from None
         if not isinstance(payload, dict):
-            raise GenerationFailed(self.label, self.url, f"{path} sent an unexpected event: {data[:SERVER_TEXT_LIMIT]!r}")
+            raise GenerationFailed(self.label, self.url, f"{path} sent an unexpected event: {_quote(data)}")
         if payload.get("error"):
             raise self.event_error(payload, path)
         try:
@@ -320,8 +347,8 @@ class TGIBackend:
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise GenerationFailed(
                 self.label, self.url,
-                f"{path} sent an event outside TGI's schema ({error}): {data[:SERVER_TEXT_LIMIT]!r}",
-                hint="Check that the URL points at TGI.",
+                f"{path} sent an event outside TGI's schema ({error}): {_quote(data)}",
+                hint="The text so far is kept. Check that the URL points at TGI.",
             ) from None
 
     def pending_warm_up(self) -> str | None:
@@ -441,7 +468,8 @@ class TGIBackend:
             return
         payload = _json_or_none(response)
         error_type = payload.get("error_type") if isinstance(payload, dict) else None
-        raise self._from_status(response.status_code, error_type, _server_text(response), path)
+        raise self._from_status(response.status_code, error_type, _server_text(response), path,
+                                retry_after_s=parse_retry_after(response.headers.get("retry-after")))
 
     def event_error(self, payload: Mapping[str, Any], path: str) -> BackendError:
         """An error event inside a stream: TGI's `{"error", "error_type"}`, or an
@@ -453,24 +481,44 @@ class TGIBackend:
                                      str(error.get("message", error)), path)
         return self._from_status(424, payload.get("error_type"), str(error), path)
 
-    def translate_error(self, error: httpx.HTTPError, path: str) -> BackendError:
-        """One typed error, naming this backend and its URL, for a transport failure."""
+    def translate_error(self, error: httpx.HTTPError, path: str, *, mid_reply_after: int | None = None) -> BackendError:
+        """One typed error, naming this backend and its URL, for a transport failure.
+
+        `mid_reply_after` is the number of events received when the failure came after the
+        response had started (None before its headers arrived)."""
+        prefix = self.config.env_prefix
         if isinstance(error, httpx.ConnectTimeout):
-            return BackendUnavailable(
-                self.label, self.url, f"no answer to the connection within {self.config.connect_timeout_s:g} s.",
-                hint=self._start_hint(),
-            )
-        if isinstance(error, httpx.TimeoutException):
             return BackendTimeout(
-                self.label, self.url, f"no reply from {path} within {self.config.timeout_s:g} s.",
-                hint=f"The server may be overloaded; try again, or raise {self.config.env_prefix}TIMEOUT_S.",
+                self.label, self.url,
+                f"could not connect within {self.config.connect_timeout_s:g} s ({prefix}CONNECT_TIMEOUT_S).",
+                limit="connect", hint=f"The server may be down or unreachable from here. {self._start_hint()}",
+            )
+        if isinstance(error, httpx.ReadTimeout):
+            when = "" if mid_reply_after is None else f" mid-reply (after {mid_reply_after} events)"
+            return BackendTimeout(
+                self.label, self.url,
+                f"no data from {path} for {self.config.timeout_s:g} s{when} ({prefix}TIMEOUT_S, the read timeout).",
+                limit="read", hint=f"The server may be overloaded; raise {prefix}TIMEOUT_S in .env to wait longer.",
+            )
+        if isinstance(error, httpx.TimeoutException):  # writing the request, or waiting for a pooled connection
+            return BackendTimeout(
+                self.label, self.url, f"{path} timed out ({type(error).__name__}).", limit="read",
+                hint=f"The server may be overloaded; try again, or raise {prefix}TIMEOUT_S in .env.",
             )
         if isinstance(error, httpx.ConnectError):
             return BackendUnavailable(self.label, self.url, "the server is not reachable (connection refused).",
                                       hint=self._start_hint())
+        if mid_reply_after is not None and isinstance(error, httpx.TransportError):
+            return ConnectionLost(
+                self.label, self.url,
+                f"the connection was lost mid-reply (after {mid_reply_after} events: "
+                f"{error or type(error).__name__}).",
+                hint="The server may have crashed or restarted; the text so far is kept. "
+                     "Send again once it is back (/status shows it).",
+            )
         if isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError)):
-            return GenerationFailed(
-                self.label, self.url, f"the connection was lost during {path} ({error or type(error).__name__}).",
+            return BackendUnavailable(
+                self.label, self.url, f"the connection was dropped during {path} ({error or type(error).__name__}).",
                 hint="The server may have restarted or crashed; send again once it is back.",
             )
         return BackendUnavailable(
@@ -478,7 +526,8 @@ class TGIBackend:
             hint="Check that the server is running and the URL points at TGI.",
         )
 
-    def _from_status(self, status: int, error_type: str | None, server_text: str, path: str) -> BackendError:
+    def _from_status(self, status: int, error_type: str | None, server_text: str, path: str, *,
+                     retry_after_s: float | None = None) -> BackendError:
         said = f" TGI said: {server_text[:SERVER_TEXT_LIMIT]}" if server_text else ""
         kind = error_type or {422: "validation", 424: "generation", 429: "overloaded",
                               500: "incomplete_generation"}.get(status, "")
@@ -488,9 +537,10 @@ class TGIBackend:
                 hint="Shorten the conversation or lower max new tokens, then send again.",
             )
         if kind == "overloaded" or status == 429:
+            busy = busy_message(status if status == 429 else None, retry_after_s)
             return BackendOverloaded(
-                self.label, self.url, f"the server is at capacity.{said}",
-                hint="Wait a moment and send again, or choose another backend.",
+                self.label, self.url, f"the server is at capacity: {busy}.{said}",
+                hint=busy_hint(retry_after_s), retry_after_s=retry_after_s,
             )
         if kind == "incomplete_generation":
             return GenerationFailed(
@@ -513,6 +563,11 @@ class TGIBackend:
                 hint=f"Check that {self.config.env_prefix}BASE_URL points at a TGI server (no /v1 suffix).",
             )
         if status == 503:
+            if retry_after_s is not None:
+                return BackendUnavailable(
+                    self.label, self.url, f"the server is {busy_message(status, retry_after_s)}.{said}",
+                    hint=busy_hint(retry_after_s), retry_after_s=retry_after_s,
+                )
             return BackendUnavailable(
                 self.label, self.url, f"the server is not ready (HTTP 503).{said}",
                 hint="Wait for the model to finish loading, then send again.",
@@ -525,6 +580,10 @@ class TGIBackend:
     def _start_hint(self) -> str:
         return (f"Start the TGI server, or set {self.config.env_prefix}BASE_URL in .env "
                 f"to where it runs (now {self.url}).")
+
+
+def _quote(data: str) -> str:
+    return repr(data[:EVENT_QUOTE_LIMIT] + ("..." if len(data) > EVENT_QUOTE_LIMIT else ""))
 
 
 def _json_or_none(response: Any) -> Any:

@@ -3,7 +3,8 @@
 `python -m bench`, the chat's `/bench` and its "Simulate N users" all run their
 requests through `run_level`, so a table, a chart and a live classroom demo
 measure the same way. Each request is prepared first (not measured: lookups,
-templating), then streamed through `timing.TimedStream` exactly like a chat
+templating), then streamed under the backend's first-token and stall limits
+(`backends.watchdog`) through `timing.TimedStream` exactly like a chat
 reply; a backend error is recorded with the request, never raised, so one
 failure cannot hide the rest. `LiveCounters` is updated per chunk, for
 dashboards that show the aggregate rate while a level runs.
@@ -18,6 +19,7 @@ from typing import Callable, Sequence
 
 from backends.base import Backend, GenerationParams
 from backends.errors import BackendError
+from backends.watchdog import watched
 from bench.prompt_sets import BenchPrompt
 from timing import RequestRecord, TimedStream
 
@@ -132,7 +134,7 @@ async def _one_request(backend: Backend, prompt: BenchPrompt, index: int, params
         request = await backend.prepare(prompt.messages, params)
     except BackendError as error:
         return RequestOutcome(index, prompt.source, None, error.describe())
-    timed = TimedStream(backend.stream(request), backend=backend.label, model=model or request.model)
+    timed = TimedStream(watched(backend, request), backend=backend.label, model=model or request.model)
     status, failure = "completed", None
     first_token_seen = False
     try:

@@ -1,6 +1,6 @@
 """What a message or a button asks for: a reply (single or round), or a report.
 
-`/leaderboard`, `/stats`, `/replay`, `/engines` and `/bench` are Chainlit
+`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench` and `/status` are Chainlit
 commands (picked from the composer) and also work typed as text. A message in compare or blind mode
 starts a round; otherwise the session's backend answers.
 """
@@ -14,9 +14,9 @@ import chainlit as cl
 from chat import engines_view, reports, rounds_view, session
 from chat.i18n import text
 
-COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench")
+COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status")
 COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat", "engines": "gauge",
-                 "bench": "timer"}
+                 "bench": "timer", "status": "activity"}
 
 
 async def announce_commands() -> None:
@@ -71,6 +71,8 @@ async def run_command(name: str) -> None:
         await engines_view.open_panel()
     elif name == "bench":
         await engines_view.run_bench()
+    elif name == "status":
+        await session.show_status()
 
 
 async def retry() -> None:

@@ -20,8 +20,9 @@ from typing import Mapping, Sequence
 
 from backends.base import SETTING_LABELS, Backend, ChatMessage, PreparedRequest
 from backends.engine_metrics import EngineSnapshot
-from backends.errors import BackendError
+from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
 from backends.registry import BackendStatus, Registry
+from backends.watchdog import watched
 from chat.auth import AuthConfig, auth_from_env
 from chat.engines import Simulation, take_snapshot
 from chat.history import fit_to_context
@@ -116,10 +117,24 @@ class AppState:
             return False
         return True
 
-    async def statuses(self) -> dict[str, BackendStatus]:
-        """Every configured backend's status, probed concurrently, in configuration order."""
-        results = await asyncio.gather(*(self.status(name) for name in self.registry.names))
+    async def statuses(self, fresh: bool = False) -> dict[str, BackendStatus]:
+        """Every configured backend's status, probed concurrently, in configuration order
+        (`fresh`: probe every one now, as /status does)."""
+        results = await asyncio.gather(*(self.status(name, fresh) for name in self.registry.names))
         return {status.name: status for status in results}
+
+    def cached_statuses(self) -> dict[str, BackendStatus]:
+        """The last status seen of each backend probed so far (no probing)."""
+        return {name: status for name, (_, status) in self._statuses.items()}
+
+
+# A reply that failed this way may mean the server went down: probe it again and show the result.
+SERVER_MAY_BE_DOWN = (BackendUnavailable, BackendTimeout, ConnectionLost)
+
+
+def server_may_be_down(error: BackendError | None) -> bool:
+    """Whether a failed reply should make the app probe its backend again (and update the list)."""
+    return isinstance(error, SERVER_MAY_BE_DOWN)
 
 
 @dataclass(frozen=True)
@@ -134,8 +149,9 @@ class ReplyPlan:
     engine_at_start: EngineSnapshot | None = None
 
     def open_stream(self) -> TimedStream:
-        """The measured stream; the request leaves (and the clock starts) on its first iteration."""
-        return TimedStream(self.backend.stream(self.request), backend=self.backend.label, model=self.model)
+        """The measured stream under the backend's first-token and stall limits; the request
+        leaves (and the clock starts) on its first iteration."""
+        return TimedStream(watched(self.backend, self.request), backend=self.backend.label, model=self.model)
 
 
 @dataclass(frozen=True)
@@ -183,6 +199,13 @@ async def plan_reply(
     # Before the clock: what the engine was busy with, so a slow reply can be explained later.
     engine = (await take_snapshot(backend, ENGINE_STATE_TIMEOUT_S)).snapshot
     return ReplyPlan(backend, model, request, tuple(notices), engine)
+
+
+def empty_reply_notice(record: RequestRecord, reply_text: str) -> Notice | None:
+    """A reply that completed without any text must not pass as a normal answer: say so."""
+    if record.status != "completed" or reply_text.strip():
+        return None
+    return Notice("empty_reply", {"tokens": record.output_tokens, "finish_reason": record.finish_reason or "?"})
 
 
 def ignored_notes(request: PreparedRequest) -> list[str]:

@@ -97,6 +97,10 @@ STRINGS: dict[str, dict[str, str]] = {
         "command_bench": "A short benchmark of this chat's backend(s): the article's table and a chart",
         "action_engines": "Engine panel",
         "action_bench": "Benchmark",
+        "command_status": "Check every backend again now: which are ready, which are unavailable and why",
+        "action_status": "Backend status",
+        "empty_reply": "⚠️ The engine finished without any text ({tokens} tokens, finish reason: {finish_reason}). Send again or rephrase.",
+        "empty_reply_blind": "⚠️ This column's engine finished without any text.",
     },
     "zh": {
         "backend": "后端",
@@ -188,6 +192,10 @@ STRINGS: dict[str, dict[str, str]] = {
         "command_bench": "对本对话的后端做一次简短基准测试：文章中的表格和图表",
         "action_engines": "引擎面板",
         "action_bench": "基准测试",
+        "command_status": "立即重新检查每个后端：哪些就绪，哪些不可用及原因",
+        "action_status": "后端状态",
+        "empty_reply": "⚠️ 引擎结束了回复，但没有生成任何文本（{tokens} 个 token，结束原因：{finish_reason}）。请重新发送或换个说法。",
+        "empty_reply_blind": "⚠️ 这一列的引擎结束了回复，但没有生成任何文本。",
     },
 }
 

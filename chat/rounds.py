@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from backends.base import Backend
 from backends.errors import BackendError
 from chat.engines import state_summary
-from chat.flow import Notice, Refusal, ReplyPlan
+from chat.flow import Notice, Refusal, ReplyPlan, empty_reply_notice
 from chat.i18n import text
 from chat.live import final_props, live_props
 from timing import FINAL_STATES, RequestRecord, TimedStream
@@ -138,6 +138,10 @@ class Column:
 
     def notices(self) -> tuple[Notice, ...]:
         return self.plan.notices if self.plan else ()
+
+    def empty_notice(self) -> Notice | None:
+        """Set when the column completed without any text (never shown as a normal answer)."""
+        return empty_reply_notice(self.record, self.text) if self.record is not None else None
 
 
 class RoundRun:
@@ -271,6 +275,8 @@ def round_props(
         if anonymous:
             entry["state"] = ("error" if column.state == "error" else "completed") if all_finished else "generating"
             entry["error"] = column.error_text(lang, named=False) if all_finished else None
+            # Without figures: a token count could tell the engines apart before the vote.
+            entry["notes"] = [text("empty_reply_blind", lang)] if all_finished and column.empty_notice() else []
         else:
             entry.update(_named_column(column, lang))
         props_columns.append(entry)
@@ -294,7 +300,7 @@ def _named_column(column: Column, lang: str) -> dict[str, object]:
         "model": column.model,
         "state": column.state,
         "error": column.error_text(lang, named=True),
-        "notes": [notice.render(lang) for notice in column.notices()],
+        "notes": [notice.render(lang) for notice in (*column.notices(), column.empty_notice()) if notice],
     }
     request = column.plan.request if column.plan else None
     if column.record is not None and column.finished:

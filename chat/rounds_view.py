@@ -18,7 +18,16 @@ import chainlit as cl
 from backends.base import ChatMessage
 from chat.flow import Refusal, plan_reply, stored_reply
 from chat.i18n import text
-from chat.session import APP_AUTHOR, MetricsElement, app_state, current_user, lang, say, session_settings
+from chat.session import (
+    APP_AUTHOR,
+    MetricsElement,
+    app_state,
+    current_user,
+    lang,
+    refresh_backend_list,
+    say,
+    session_settings,
+)
 from compare.ratings import OUTCOMES
 from chat.rounds import Column, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props, run_order_for
 from store import CompareRound, RoundColumn, StoreError, Vote
@@ -115,6 +124,8 @@ async def compare_reply(user_text: str) -> None:
     for old in list(recent)[:-RECENT_ROUNDS]:
         recent.pop(old)
     await _store_replies(view, user_text)
+    if not round_settings.blind:  # in a blind round, "vLLM unavailable" would name the failed column
+        await refresh_backend_list([(column.backend, column.error) for column in columns])
     for column in columns:
         if column.plan is not None and column.text:
             threads[column.backend].extend([ChatMessage("user", user_text), ChatMessage("assistant", column.text)])

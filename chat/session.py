@@ -19,7 +19,7 @@ from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
 from backends.registry import BackendStatus
 from chat.engines import state_summary
-from chat.flow import AppState, Refusal, plan_reply, stored_reply
+from chat.flow import AppState, Refusal, empty_reply_notice, plan_reply, server_may_be_down, stored_reply
 from chat.i18n import language_of, text
 from chat.live import LiveReply, initial_props
 from chat.settings import SessionSettings, SettingsRejected, settings_widgets
@@ -94,6 +94,47 @@ async def _send_settings(statuses: dict[str, BackendStatus] | None = None) -> No
     state, lang_code = app_state(), lang()
     widgets = settings_widgets(session_settings(), state.defaults, _labels(statuses, lang_code), state.presets, lang_code)
     await cl.ChatSettings(widgets).send()
+    cl.user_session.set("shown_down", _down(statuses))
+
+
+def _down(statuses: dict[str, BackendStatus] | None) -> set[str]:
+    return {name for name, status in (statuses or {}).items() if not status.available}
+
+
+async def refresh_backend_list(failed: list[tuple[str, BackendError | None]] = ()) -> None:
+    """After replies: probe again each backend whose reply failed in a way that may mean its
+    server is down, then re-send the settings panel if a backend went down or came back, so
+    its list says "unavailable" exactly while that is true."""
+    state = app_state()
+    for name, error in failed:
+        if server_may_be_down(error):
+            await state.status(name, fresh=True)
+    statuses = state.cached_statuses()
+    if _down(statuses) != (cl.user_session.get("shown_down") or set()):
+        await _send_settings(statuses)
+
+
+def _status_lines(statuses: dict[str, BackendStatus], lang_code: str) -> list[str]:
+    """The backend list: each backend ready (model, context, version) or unavailable and why."""
+    lines = [text("status_title", lang_code)]
+    for status in statuses.values():
+        if status.available and status.info:
+            version = f" · {status.info.server_version}" if status.info.server_version else ""
+            if status.info.stand_in:
+                version += f" · ⚠ stand-in: {status.info.stand_in}"
+            detail = text("status_ok", lang_code, model=status.info.model_id,
+                          context=status.info.context_length or "?", version=version)
+            lines.append(f"- ✅ **{status.label}** (`{status.name}`, {status.url}): {detail}")
+        else:
+            lines.append(f"- ❌ **{status.label}** (`{status.name}`): {text('status_down', lang_code, reason=status.reason)}")
+    return lines
+
+
+async def show_status() -> None:
+    """/status: probe every backend now, list them as a new chat does, and update the settings panel."""
+    statuses = await app_state().statuses(fresh=True)
+    await _send_settings(statuses)
+    await say("\n".join(_status_lines(statuses, lang())))
 
 
 def _new_session(state: AppState, history: list[ChatMessage] | None = None,
@@ -114,18 +155,7 @@ async def start(actions: list[cl.Action] | None = None) -> None:
     await _warm_up_backends(lang_code)
     statuses = await state.statuses()
     await _send_settings(statuses)
-    lines = [text("status_title", lang_code)]
-    for status in statuses.values():
-        if status.available and status.info:
-            version = f" · {status.info.server_version}" if status.info.server_version else ""
-            if status.info.stand_in:
-                version += f" · ⚠ stand-in: {status.info.stand_in}"
-            detail = text("status_ok", lang_code, model=status.info.model_id,
-                          context=status.info.context_length or "?", version=version)
-            lines.append(f"- ✅ **{status.label}** (`{status.name}`, {status.url}): {detail}")
-        else:
-            lines.append(f"- ❌ **{status.label}** (`{status.name}`): {text('status_down', lang_code, reason=status.reason)}")
-    await say("\n".join(lines), actions=actions or [])
+    await say("\n".join(_status_lines(statuses, lang_code)), actions=actions or [])
 
 
 async def resume(thread: dict) -> None:
@@ -188,6 +218,7 @@ async def reply(user_text: str) -> None:
     plan = await plan_reply(state, session_settings(), history, user_text)
     if isinstance(plan, Refusal):
         await _show_error(plan.label, plan.reason, user_text, lang_code)
+        await refresh_backend_list()
         return
     for notice in plan.notices:
         await say(notice.render(lang_code))
@@ -206,10 +237,14 @@ async def reply(user_text: str) -> None:
     await state.save_reply(stored_reply(plan, outcome.record, user_text=user_text, reply_text=outcome.text,
                                         reply_id=message.id, thread_id=cl.context.session.thread_id,
                                         user_identifier=current_user()))
+    empty = empty_reply_notice(outcome.record, outcome.text)
+    if empty is not None:
+        await say(empty.render(lang_code))
     if outcome.error is not None:
         await _show_error(backend.label, outcome.error.describe(), user_text, lang_code)
-        if not outcome.text:
-            return
+    await refresh_backend_list([(backend.name, outcome.error)])
+    if outcome.error is not None and not outcome.text:
+        return
     # The partial text of a stopped or failed reply stays in the conversation.
     history.extend([ChatMessage("user", user_text), ChatMessage("assistant", outcome.text)])
     cl.user_session.set("pending", None)

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Sequence
 
-from backends.base import BackendInfo, ChatMessage, GenerationParams, PreparedRequest, StreamChunk
+from backends.base import BackendInfo, ChatMessage, GenerationParams, PreparedRequest, StreamChunk, StreamLimits
 from backends.errors import BackendOverloaded, BackendUnavailable
 from backends.registry import Registry
 from chat.flow import AppState
@@ -37,6 +37,7 @@ class FakeBackend:
     started_at: list[float] = field(default_factory=list)
     ended_at: list[float] = field(default_factory=list)
     closed: int = 0
+    stream_limits: StreamLimits = StreamLimits(first_token_s=60.0, stall_s=30.0, prefix="FAKE_")
 
     def __post_init__(self) -> None:
         self.label = self.label or self.name

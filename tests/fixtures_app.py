@@ -133,6 +133,10 @@ class PacedServer:
         self._call("/test/pace", {"rate_tokens_per_s": rate_tokens_per_s, "tokens": tokens,
                                   "first_token_s": first_token_s})
 
+    def set_faults(self, **faults: object) -> None:
+        """Test faults for later requests: stall_after_tokens=N, stall_s=S; require_key=K (None: off)."""
+        self._call("/test/pace", faults)
+
     def requests(self) -> list[dict]:
         """Every chat request so far (marker, last_token_sent_at_s, closed_by_client, ...)."""
         return self._call("/test/requests")

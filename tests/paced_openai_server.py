@@ -16,7 +16,10 @@ needs to know exactly what was sent and when:
   (`time.time()`) at which its last token was handed to the transport and
   whether the client closed the stream early; `GET /test/last` is the latest of those; `POST /test/pace`
   with `{"rate_tokens_per_s": ..., "tokens": ..., "first_token_s": ...}`
-  changes the pace for later requests.
+  changes the pace for later requests. Faults for later requests, in the same body:
+  `"stall_after_tokens": N, "stall_s": S` pauses S seconds after the N-th token
+  (null: no stall); `"require_key": K` answers chat requests whose bearer key is
+  not K with OpenAI's own 401, which quotes the key it was given (null: no key).
 
 Run: `python -m tests.paced_openai_server --port P --rate 500 [--tokens 300]`.
 It binds 127.0.0.1 only.
@@ -49,6 +52,9 @@ class Pace:
     rate_tokens_per_s: float
     tokens: int
     first_token_s: float = 0.0
+    stall_after_tokens: int | None = None
+    stall_s: float = 0.0
+    require_key: str | None = None
 
 
 @dataclass
@@ -121,6 +127,14 @@ def create_app(pace: Pace) -> Starlette:
 
     async def chat_completions(request: Request) -> Response:
         body = await request.json()
+        required = state.pace.require_key
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if required is not None and given != required:
+            # OpenAI's own answer quotes the key it was given.
+            return JSONResponse({"error": {
+                "message": f"Incorrect API key provided: {given}. You can find your API key at "
+                           "https://platform.openai.com/account/api-keys.",
+                "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}, status_code=401)
         messages = body.get("messages") or []
         if not messages:
             return JSONResponse(
@@ -184,6 +198,8 @@ def create_app(pace: Pace) -> Starlette:
                 start = loop.time() + current.first_token_s
                 interval_s = 1.0 / current.rate_tokens_per_s
                 for index, token in enumerate(tokens):
+                    if index == current.stall_after_tokens:
+                        start += current.stall_s  # the test's stall: later tokens move by as much
                     # Absolute schedule: lateness of one token does not delay the next ones.
                     delay_s = start + index * interval_s - loop.time()
                     if delay_s > 0:
@@ -224,10 +240,14 @@ def create_app(pace: Pace) -> Starlette:
         rate = float(body.get("rate_tokens_per_s", state.pace.rate_tokens_per_s))
         tokens = int(body.get("tokens", state.pace.tokens))
         first_token_s = float(body.get("first_token_s", state.pace.first_token_s))
-        if rate <= 0 or tokens < 1 or first_token_s < 0:
-            return JSONResponse({"error": "rate_tokens_per_s > 0, tokens >= 1, first_token_s >= 0"},
+        stall_after = body.get("stall_after_tokens", state.pace.stall_after_tokens)
+        stall_s = float(body.get("stall_s", state.pace.stall_s))
+        require_key = body.get("require_key", state.pace.require_key)
+        if rate <= 0 or tokens < 1 or first_token_s < 0 or stall_s < 0:
+            return JSONResponse({"error": "rate_tokens_per_s > 0, tokens >= 1, first_token_s >= 0, stall_s >= 0"},
                                 status_code=422)
-        state.pace = Pace(rate, tokens, first_token_s)
+        state.pace = Pace(rate, tokens, first_token_s, None if stall_after is None else int(stall_after), stall_s,
+                          None if require_key is None else str(require_key))
         return JSONResponse(asdict(state.pace))
 
     app = Starlette(routes=[

@@ -29,6 +29,17 @@ def test_any_number_of_named_backends_with_their_own_variables():
     assert configs["tgi-native"].tgi_route == "generate" and configs["tgi-native"].tgi_adapter_id == "my-lora"
 
 
+def test_every_backend_has_its_own_stream_limits_with_defaults():
+    from backends.base import StreamLimits
+
+    configs = {c.name: c for c in backend_configs({"LLAMA_CPP_FIRST_TOKEN_TIMEOUT_S": "90", "TGI_STALL_TIMEOUT_S": "5"})}
+    assert StreamLimits.of(configs["llama_cpp"]) == StreamLimits(90.0, 30.0, "LLAMA_CPP_")
+    assert StreamLimits.of(configs["vllm"]) == StreamLimits(60.0, 30.0, "VLLM_")
+    assert StreamLimits.of(configs["tgi"]).stall_variable == "TGI_STALL_TIMEOUT_S"
+    assert configs["tgi"].stall_timeout_s == 5.0
+    assert (configs["vllm"].connect_timeout_s, configs["vllm"].timeout_s) == (3.0, 120.0)
+
+
 def test_llama_cpp_model_path_variable():
     (config,) = backend_configs({"BACKENDS": "llama_cpp", "LLAMA_CPP_MODEL_PATH": "/models/ernie.gguf"})
     assert config.model_path == "/models/ernie.gguf"
@@ -39,6 +50,8 @@ def test_llama_cpp_model_path_variable():
     ({"BACKENDS": "a,a", "A_KIND": "vllm"}, "twice"),
     ({"BACKENDS": "tgi", "TGI_ROUTE": "grpc"}, "TGI_ROUTE"),
     ({"BACKENDS": "vllm", "VLLM_TIMEOUT_S": "soon"}, "VLLM_TIMEOUT_S"),
+    ({"BACKENDS": "vllm", "VLLM_STALL_TIMEOUT_S": "0"}, "VLLM_STALL_TIMEOUT_S=0 must be a positive number"),
+    ({"BACKENDS": "tgi", "TGI_FIRST_TOKEN_TIMEOUT_S": "-5"}, "TGI_FIRST_TOKEN_TIMEOUT_S"),
 ])
 def test_bad_configuration_names_the_variable_to_fix(env, needle):
     with pytest.raises(ConfigurationError, match=needle):

@@ -328,7 +328,8 @@ async def test_server_that_never_answers_is_backend_timeout(route, tgi_backend_f
             with pytest.raises(BackendTimeout) as caught:
                 await attempt()
             message = str(caught.value)
-            assert TGI_LABEL in message and url in message and "within 0.5 s" in message, message
+            assert TGI_LABEL in message and url in message and "for 0.5 s" in message, message
+            assert "TGI_TIMEOUT_S, the read timeout" in message and caught.value.limit == "read", message
 
 
 def test_unknown_route_is_a_configuration_error():
