@@ -16,7 +16,12 @@ needs to know exactly what was sent and when:
   (`time.time()`) at which its last token was handed to the transport and
   whether the client closed the stream early; `GET /test/last` is the latest of those; `POST /test/pace`
   with `{"rate_tokens_per_s": ..., "tokens": ..., "first_token_s": ...}`
-  changes the pace for later requests.
+  changes the pace for later requests. Two more keys of that body hold only
+  until the next `/test/pace` without them: `"text"` makes every reply exactly
+  that text, streamed in pieces of up to `TEXT_PIECE_CHARS` characters at the
+  pace (no marker; `tokens` is ignored), and `"error": {"status", "body",
+  "content_type"}` makes every chat request fail with that HTTP answer (a
+  server's error page, say) instead of streaming.
 
 Run: `python -m tests.paced_openai_server --port P --rate 500 [--tokens 300]`.
 It binds 127.0.0.1 only.
@@ -40,6 +45,8 @@ from starlette.routing import Route
 
 MODEL_ID = "paced-test-model"
 CONTEXT_LENGTH_TOKENS = 8192
+# A set reply text streams in pieces this long, so markup arrives split mid-tag.
+TEXT_PIECE_CHARS = 4
 
 
 @dataclass
@@ -49,6 +56,8 @@ class Pace:
     rate_tokens_per_s: float
     tokens: int
     first_token_s: float = 0.0
+    text: str | None = None  # the whole reply, instead of w1..w(n-1) and the marker
+    error: dict | None = None  # {"status", "body", "content_type"}: every request fails so
 
 
 @dataclass
@@ -81,6 +90,11 @@ class PacedServerState:
 def reply_tokens(count: int, marker: str) -> list[str]:
     """The reply, one token per entry: ` w1 ... w(count-1)` then the marker word."""
     return [f" w{i}" for i in range(1, count)] + [f" {marker}"]
+
+
+def text_pieces(text: str) -> list[str]:
+    """A set reply text as the pieces it is streamed in (at least one, even for "")."""
+    return [text[i:i + TEXT_PIECE_CHARS] for i in range(0, len(text), TEXT_PIECE_CHARS)] or [""]
 
 
 def _chunk(request_id: str, created: int, delta: dict, finish_reason: str | None = None) -> dict:
@@ -129,7 +143,14 @@ def create_app(pace: Pace) -> Starlette:
                 status_code=400,
             )
         current = state.pace
-        planned = current.tokens
+        last_user_text = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
+        if current.error is not None:
+            state.requests.append(RequestLog(number=next(state.numbers), marker="", tokens_planned=0,
+                                             rate_tokens_per_s=current.rate_tokens_per_s, received_at_s=time.time(),
+                                             last_user_text=last_user_text, messages_count=len(messages)))
+            return Response(current.error.get("body", ""), status_code=int(current.error.get("status", 500)),
+                            media_type=current.error.get("content_type", "text/html"))
+        planned = current.tokens if current.text is None else len(text_pieces(current.text))
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         finish_reason = "stop"
         if max_tokens is not None and int(max_tokens) < planned:
@@ -139,15 +160,14 @@ def create_app(pace: Pace) -> Starlette:
             number=number, marker=f"pacedend{number}x{secrets.token_hex(4)}",
             tokens_planned=planned, rate_tokens_per_s=current.rate_tokens_per_s,
             received_at_s=time.time(),
-            last_user_text=next((str(m.get("content") or "") for m in reversed(messages)
-                                 if m.get("role") == "user"), ""),
+            last_user_text=last_user_text,
             client_port=request.client.port if request.client else None,
             messages_count=len(messages),
             sampling={key: body[key] for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                                  "seed", "max_tokens") if key in body},
         )
         state.requests.append(log)
-        tokens = reply_tokens(planned, log.marker)
+        tokens = reply_tokens(planned, log.marker) if current.text is None else text_pieces(current.text)[:planned]
         request_id = f"chatcmpl-paced-{number}"
         created = int(log.received_at_s)
         prompt_tokens = _prompt_tokens(messages)
@@ -224,10 +244,12 @@ def create_app(pace: Pace) -> Starlette:
         rate = float(body.get("rate_tokens_per_s", state.pace.rate_tokens_per_s))
         tokens = int(body.get("tokens", state.pace.tokens))
         first_token_s = float(body.get("first_token_s", state.pace.first_token_s))
-        if rate <= 0 or tokens < 1 or first_token_s < 0:
-            return JSONResponse({"error": "rate_tokens_per_s > 0, tokens >= 1, first_token_s >= 0"},
-                                status_code=422)
-        state.pace = Pace(rate, tokens, first_token_s)
+        text, error = body.get("text"), body.get("error")
+        if rate <= 0 or tokens < 1 or first_token_s < 0 or not isinstance(text, (str, type(None))) \
+                or not isinstance(error, (dict, type(None))):
+            return JSONResponse({"error": "rate_tokens_per_s > 0, tokens >= 1, first_token_s >= 0, text a string, "
+                                          "error an object"}, status_code=422)
+        state.pace = Pace(rate, tokens, first_token_s, text, error)
         return JSONResponse(asdict(state.pace))
 
     app = Starlette(routes=[
