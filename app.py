@@ -15,6 +15,7 @@ from fastapi.routing import APIRoute
 
 from chat import commands, engines_view, ops, rounds_view, session
 from chat.auth import current_config
+from chat.socket_guard import guard_socket
 from config import load_env
 from store import StoreError
 from store.db import migrate_blocking
@@ -25,6 +26,8 @@ logging.getLogger("watchfiles.main").setLevel(logging.WARNING)
 
 load_env()
 AUTH = current_config()
+# Chainlit's socket: allow_origins (.chainlit/config.toml) applies to it too; oversized messages get an answer.
+guard_socket()
 
 try:
     # The tables exist before Chainlit's data layer first touches them (a login reads users).

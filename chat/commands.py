@@ -42,11 +42,17 @@ def typed_command(content: str) -> str | None:
 
 
 async def on_message(message: cl.Message) -> None:
-    command = message.command if message.command in COMMANDS else typed_command(message.content)
+    if message.command in COMMANDS:
+        await run_command(message.command)
+        return
+    user_text = await session.checked_input(message.content, message)
+    if user_text is None:
+        return
+    command = typed_command(user_text)
     if command:
         await run_command(command)
         return
-    await answer(message.content)
+    await answer(user_text)
 
 
 async def answer(user_text: str) -> None:
@@ -80,6 +86,9 @@ async def retry() -> None:
     pending = cl.user_session.get("pending")
     if not pending:
         await session.say(text("retry_gone", session.lang()))
+        return
+    pending = await session.checked_input(pending)
+    if pending is None:
         return
     chainlit_session = cl.context.session
     chainlit_session.current_task = asyncio.current_task()

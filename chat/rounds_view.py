@@ -18,6 +18,7 @@ import chainlit as cl
 from backends.base import ChatMessage
 from chat.flow import Refusal, plan_reply, stored_reply
 from chat.i18n import text
+from chat.input import remove_control_characters
 from chat.session import (
     APP_AUTHOR,
     MetricsElement,
@@ -172,7 +173,9 @@ def _parse_vote(payload: Any) -> Vote:
     round_id, outcome = payload.get("round_id"), payload.get("outcome")
     winner, judgements = payload.get("winner"), payload.get("judgements") or {}
     comment = payload.get("comment") or ""
-    if not isinstance(round_id, str) or not round_id:
+    # A round id is a uuid4; anything long or with control characters names no round (PostgreSQL
+    # would refuse NUL in the lookup with a driver error, not an answer).
+    if not isinstance(round_id, str) or not round_id or len(round_id) > 64 or remove_control_characters(round_id)[1]:
         raise ValueError("the vote names no round")
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {str(outcome)[:40]!r} is not one of {', '.join(OUTCOMES)}")
@@ -184,7 +187,7 @@ def _parse_vote(payload: Any) -> Vote:
     if not isinstance(comment, str) or len(comment) > MAX_COMMENT_CHARS:
         raise ValueError(f"the comment must be text of at most {MAX_COMMENT_CHARS} characters")
     return Vote(round_id=round_id, outcome=outcome, winner_label=winner, judgements=dict(judgements),
-                comment=comment.strip(), user_identifier=current_user())
+                comment=remove_control_characters(comment)[0].strip(), user_identifier=current_user())
 
 
 async def vote(payload: Any) -> dict:

@@ -14,6 +14,7 @@ import re
 import time
 
 import chainlit as cl
+from chainlit.chat_context import chat_context
 
 from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
@@ -21,6 +22,7 @@ from backends.registry import BackendStatus
 from chat.engines import state_summary
 from chat.flow import AppState, Refusal, empty_reply_notice, plan_reply, server_may_be_down, stored_reply
 from chat.i18n import language_of, text
+from chat.input import check_message
 from chat.live import LiveReply, initial_props
 from chat.settings import SessionSettings, SettingsRejected, settings_widgets
 from timing import FINAL_STATES
@@ -210,6 +212,25 @@ async def update_settings(values: dict) -> None:
     await say(text("settings_applied", lang_code, backend=state.registry.get(settings.backend).label,
                     temperature=settings.temperature, top_p=settings.top_p,
                     max_new_tokens=settings.max_new_tokens, optional=optional, system=system))
+
+
+async def checked_input(raw: object, message: cl.Message | None = None) -> str | None:
+    """The text to send for what arrived as a message, or None when it was refused (the person is told
+    why; an earlier message waiting for Retry stays pending). When characters were removed, the shown
+    and stored user message becomes the text that is sent (PostgreSQL cannot store NUL)."""
+    checked = check_message(raw)
+    lang_code = lang()
+    if checked.refused:
+        if message is not None:
+            chat_context.remove(message)  # the page still shows it; the server need not hold 200 KB of it
+        await say(checked.refusal.render(lang_code))
+        return None
+    if message is not None and checked.text_to_send != message.content:
+        message.content = checked.text_to_send
+        await message.update()
+    for notice in checked.notices:
+        await say(notice.render(lang_code))
+    return checked.text_to_send
 
 
 async def reply(user_text: str) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from backends.base import SETTING_LABELS, GenerationParams
 from backends.errors import UnknownBackend
 from chat.i18n import text
+from chat.input import remove_control_characters
 from config import Bound, ChatDefaults, OptionalBound
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
@@ -101,11 +102,16 @@ class SessionSettings:
         the panel cannot send it, so it was typed wrong or forged, and the person is told."""
         backend = str(values.get("backend", defaults.backend))
         if backend not in backends:
-            raise UnknownBackend(backend, backends)
+            raise UnknownBackend(_quoted(backend), backends)
         problems: list[str] = []
+        unknown = sorted(set(values) - {setting.name for setting in fields(cls)})
+        if unknown:
+            problems.append(f"unknown setting(s) {', '.join(_quoted(str(name)) for name in unknown[:5])}: the panel "
+                            "has no such field (backend addresses and keys come only from the server's configuration)")
         preset = str(values.get("system_preset") or NO_SYSTEM_PROMPT)
         if preset not in presets:
-            problems.append(f"system prompt preset {preset!r} does not exist (choose one of: {', '.join(presets)})")
+            problems.append(f"system prompt preset {_quoted(preset)!r} does not exist "
+                            f"(choose one of: {', '.join(presets)})")
         custom = values.get("system_custom") or ""
         if not isinstance(custom, str):
             problems.append("the custom system prompt must be text")
@@ -113,6 +119,9 @@ class SessionSettings:
         elif len(custom) > MAX_SYSTEM_PROMPT_CHARS:
             problems.append(f"the custom system prompt is {len(custom):,} characters; "
                             f"the limit is {MAX_SYSTEM_PROMPT_CHARS:,}")
+        elif controls := remove_control_characters(custom)[1]:
+            problems.append(f"the custom system prompt contains {controls} control character(s) such as NUL "
+                            "(only tab, newline and carriage return may be used)")
         settings = dict(
             backend=backend,
             temperature=_required(values, "temperature", defaults.temperature, problems),
@@ -135,6 +144,11 @@ class SessionSettings:
         if problems:
             raise SettingsRejected(problems)
         return cls(**settings)
+
+
+def _quoted(raw: str, limit_chars: int = 60) -> str:
+    """A forged value as it is quoted back: short (a 1 MB "backend name" is not echoed)."""
+    return raw if len(raw) <= limit_chars else raw[:limit_chars] + "…"
 
 
 def _choice(values: Mapping[str, object], name: str, choices: tuple[str, ...], problems: list[str]) -> str:

@@ -67,10 +67,11 @@ Clock = Callable[[], float]
 # ---------------------------------------------------------------- what the browser sends
 
 
-def browser_auth(session_id: str) -> dict[str, str]:
-    """The socket.io auth object of Chainlit 2.12's webapp (no login, no thread to resume)."""
-    return {"clientType": "webapp", "sessionId": session_id, "threadId": "", "userEnv": "{}",
-            "chatProfile": ""}
+def browser_auth(session_id: str, user_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The socket.io auth object of Chainlit 2.12's webapp (no login, no thread to resume).
+    `user_env` is what a page could claim as Chainlit's per-user environment (tests forge it)."""
+    return {"clientType": "webapp", "sessionId": session_id, "threadId": "",
+            "userEnv": json.dumps(user_env) if user_env else "{}", "chatProfile": ""}
 
 
 def browser_headers(base_url: str, language: str) -> dict[str, str]:
@@ -365,9 +366,11 @@ class ChainlitClient:
     """
 
     def __init__(self, base_url: str, *, language: str = "en-US", load_page: bool = True,
-                 clock: Clock = time.perf_counter, record_events: bool = False) -> None:
+                 clock: Clock = time.perf_counter, record_events: bool = False,
+                 user_env: dict[str, str] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.language = language
+        self.user_env = user_env
         self.load_page = load_page
         self.clock = clock
         self.session_id = str(uuid.uuid4())
@@ -398,7 +401,7 @@ class ChainlitClient:
         try:
             sio.connect(self.base_url, socketio_path=SOCKET_PATH, transports=transports,
                         headers=browser_headers(self.base_url, self.language),
-                        auth=browser_auth(self.session_id), wait_timeout=timeout_s)
+                        auth=browser_auth(self.session_id, self.user_env), wait_timeout=timeout_s)
         except socketio.exceptions.ConnectionError as error:
             raise ChatFailed(f"socket.io connection to {self.base_url}{SOCKET_PATH} failed: {error}") from error
         remaining_s = timeout_s - (self.clock() - started)
@@ -409,12 +412,17 @@ class ChainlitClient:
 
     def change_settings(self, timeout_s: float = 10.0, **values: object) -> str:
         """Confirm the settings panel with `values` changed; return the app's answer (its next message)."""
-        form = settings_form(self.tracker.settings_widgets, **values)
+        return self.emit_for_message("chat_settings_change", settings_form(self.tracker.settings_widgets, **values),
+                                     timeout_s)
+
+    def emit_for_message(self, event: str, data: Any, timeout_s: float = 10.0) -> str:
+        """Emit `event` with `data` as the page would (or a forger: nothing is checked here);
+        return the app's next message outside a reply."""
         with self._changed:
             seen = len(self.tracker.other_messages)
-        self._sio.emit("chat_settings_change", form)
+        self._sio.emit(event, data)
         if not self._wait(lambda: len(self.tracker.other_messages) > seen, timeout_s):
-            raise ChatFailed(f"the app did not answer the settings change within {timeout_s:.0f} s")
+            raise ChatFailed(f"the app did not answer {event} within {timeout_s:.0f} s")
         return self.tracker.other_messages[seen]
 
     def send(self, text: str) -> ReplyRecord:

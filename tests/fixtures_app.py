@@ -137,6 +137,13 @@ class PacedServer:
         """Test faults for later requests: stall_after_tokens=N, stall_s=S; require_key=K (None: off)."""
         self._call("/test/pace", faults)
 
+    def set_reply(self, *, text: str | None = None, error: dict | None = None,
+                  rate_tokens_per_s: float = 200, first_token_s: float = 0.0) -> None:
+        """Every reply is `text` (streamed in small pieces), or every request fails with `error`
+        ({"status", "body", "content_type"}); the next `set_pace` goes back to w1..wN + marker."""
+        self._call("/test/pace", {"rate_tokens_per_s": rate_tokens_per_s, "first_token_s": first_token_s,
+                                  "text": text, "error": error})
+
     def requests(self) -> list[dict]:
         """Every chat request so far (marker, last_token_sent_at_s, closed_by_client, ...)."""
         return self._call("/test/requests")

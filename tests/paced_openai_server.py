@@ -19,7 +19,12 @@ needs to know exactly what was sent and when:
   changes the pace for later requests. Faults for later requests, in the same body:
   `"stall_after_tokens": N, "stall_s": S` pauses S seconds after the N-th token
   (null: no stall); `"require_key": K` answers chat requests whose bearer key is
-  not K with OpenAI's own 401, which quotes the key it was given (null: no key).
+  not K with OpenAI's own 401, which quotes the key it was given (null: no key). Two more keys of that body hold only
+  until the next `/test/pace` without them: `"text"` makes every reply exactly
+  that text, streamed in pieces of up to `TEXT_PIECE_CHARS` characters at the
+  pace (no marker; `tokens` is ignored), and `"error": {"status", "body",
+  "content_type"}` makes every chat request fail with that HTTP answer (a
+  server's error page, say) instead of streaming.
 
 Run: `python -m tests.paced_openai_server --port P --rate 500 [--tokens 300]`.
 It binds 127.0.0.1 only.
@@ -43,6 +48,8 @@ from starlette.routing import Route
 
 MODEL_ID = "paced-test-model"
 CONTEXT_LENGTH_TOKENS = 8192
+# A set reply text streams in pieces this long, so markup arrives split mid-tag.
+TEXT_PIECE_CHARS = 4
 
 
 @dataclass
@@ -55,6 +62,8 @@ class Pace:
     stall_after_tokens: int | None = None
     stall_s: float = 0.0
     require_key: str | None = None
+    text: str | None = None  # the whole reply, instead of w1..w(n-1) and the marker
+    error: dict | None = None  # {"status", "body", "content_type"}: every request fails so
 
 
 @dataclass
@@ -87,6 +96,11 @@ class PacedServerState:
 def reply_tokens(count: int, marker: str) -> list[str]:
     """The reply, one token per entry: ` w1 ... w(count-1)` then the marker word."""
     return [f" w{i}" for i in range(1, count)] + [f" {marker}"]
+
+
+def text_pieces(text: str) -> list[str]:
+    """A set reply text as the pieces it is streamed in (at least one, even for "")."""
+    return [text[i:i + TEXT_PIECE_CHARS] for i in range(0, len(text), TEXT_PIECE_CHARS)] or [""]
 
 
 def _chunk(request_id: str, created: int, delta: dict, finish_reason: str | None = None) -> dict:
@@ -143,7 +157,14 @@ def create_app(pace: Pace) -> Starlette:
                 status_code=400,
             )
         current = state.pace
-        planned = current.tokens
+        last_user_text = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
+        if current.error is not None:
+            state.requests.append(RequestLog(number=next(state.numbers), marker="", tokens_planned=0,
+                                             rate_tokens_per_s=current.rate_tokens_per_s, received_at_s=time.time(),
+                                             last_user_text=last_user_text, messages_count=len(messages)))
+            return Response(current.error.get("body", ""), status_code=int(current.error.get("status", 500)),
+                            media_type=current.error.get("content_type", "text/html"))
+        planned = current.tokens if current.text is None else len(text_pieces(current.text))
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         finish_reason = "stop"
         if max_tokens is not None and int(max_tokens) < planned:
@@ -153,15 +174,14 @@ def create_app(pace: Pace) -> Starlette:
             number=number, marker=f"pacedend{number}x{secrets.token_hex(4)}",
             tokens_planned=planned, rate_tokens_per_s=current.rate_tokens_per_s,
             received_at_s=time.time(),
-            last_user_text=next((str(m.get("content") or "") for m in reversed(messages)
-                                 if m.get("role") == "user"), ""),
+            last_user_text=last_user_text,
             client_port=request.client.port if request.client else None,
             messages_count=len(messages),
             sampling={key: body[key] for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                                  "seed", "max_tokens") if key in body},
         )
         state.requests.append(log)
-        tokens = reply_tokens(planned, log.marker)
+        tokens = reply_tokens(planned, log.marker) if current.text is None else text_pieces(current.text)[:planned]
         request_id = f"chatcmpl-paced-{number}"
         created = int(log.received_at_s)
         prompt_tokens = _prompt_tokens(messages)
@@ -243,11 +263,13 @@ def create_app(pace: Pace) -> Starlette:
         stall_after = body.get("stall_after_tokens", state.pace.stall_after_tokens)
         stall_s = float(body.get("stall_s", state.pace.stall_s))
         require_key = body.get("require_key", state.pace.require_key)
-        if rate <= 0 or tokens < 1 or first_token_s < 0 or stall_s < 0:
-            return JSONResponse({"error": "rate_tokens_per_s > 0, tokens >= 1, first_token_s >= 0, stall_s >= 0"},
-                                status_code=422)
+        text, error = body.get("text"), body.get("error")
+        if rate <= 0 or tokens < 1 or first_token_s < 0 or stall_s < 0 or not isinstance(text, (str, type(None))) \
+                or not isinstance(error, (dict, type(None))):
+            return JSONResponse({"error": "rate_tokens_per_s > 0, tokens >= 1, first_token_s >= 0, stall_s >= 0, "
+                                          "text a string, error an object"}, status_code=422)
         state.pace = Pace(rate, tokens, first_token_s, None if stall_after is None else int(stall_after), stall_s,
-                          None if require_key is None else str(require_key))
+                          None if require_key is None else str(require_key), text, error)
         return JSONResponse(asdict(state.pace))
 
     app = Starlette(routes=[

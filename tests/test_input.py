@@ -1,0 +1,198 @@
+"""What a typed message must be before it is sent (chat/input.py): pure checks, plus why NUL goes.
+
+The browser and protocol side (the same checks seen through the app, forged
+websocket traffic, markup rendered as text) is tests/test_input_browser.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from chat.i18n import STRINGS, text
+from chat.input import MAX_MESSAGE_CHARS, check_message, remove_control_characters
+from chat.settings import SessionSettings, SettingsRejected, load_presets
+from config import ChatDefaults
+
+# Texts that must reach the backend exactly as typed.
+INTACT = {
+    "emoji": "Rate this 👍🏽 and 👨‍👩‍👧‍👦 (family, ZWJ) and 🇨🇳🇺🇸 flags",
+    "right-to-left": "مرحبا بالعالم، كيف حالك؟ שלום עולם",
+    "chinese": "请用中文写一段关于春天的短文。",
+    "mixed": "Explain KV cache 缓存 in one sentence, then 用中文 again: 'prefix caching' 前缀缓存.",
+    "combining and bidi marks": "e\u0301 n\u0303 \u200f\u202bembedded\u202c \u2066isolate\u2069 zero\u200bwidth \ufeffbom",
+    "markup": '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script> [click](javascript:alert(1))',
+    "whitespace kept": "  leading and trailing spaces  \n\tindented line\r\nwindows line end\n",
+    "DEL and C1 controls": "a\x7fb\x85c\x9fd",
+    "astral plane": "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𠀀𠀁 🀄",
+}
+
+
+@pytest.mark.parametrize("sample", INTACT.values(), ids=INTACT.keys())
+def test_everything_else_is_sent_character_for_character(sample):
+    checked = check_message(sample)
+    assert not checked.refused and checked.notices == ()
+    assert checked.text_to_send == sample
+    assert checked.text_to_send.encode("utf-8") == sample.encode("utf-8")
+
+
+@pytest.mark.parametrize("raw", ["", " ", "\n\n\t  \r\n", "\u3000\u00a0", None, "\x00\x00", " \x07 \x1b "],
+                         ids=["empty", "space", "whitespace", "ideographic and nbsp", "none", "only NUL",
+                              "only controls"])
+def test_empty_or_whitespace_is_refused(raw):
+    checked = check_message(raw)
+    assert checked.refused and checked.text_to_send is None
+    assert checked.refusal.key == "input_empty"
+    assert "Nothing was sent" in checked.refusal.render("en")
+
+
+@pytest.mark.parametrize("raw", [42, 3.5, ["hi"], {"text": "hi"}, True])
+def test_what_is_not_text_is_refused(raw):
+    checked = check_message(raw)
+    assert checked.refused and checked.refusal.key == "input_not_text"
+    assert type(raw).__name__ in checked.refusal.render("en")
+
+
+def test_a_message_over_the_limit_is_refused_with_its_length_and_the_limit():
+    checked = check_message("x" * 200_000)
+    assert checked.refused and checked.text_to_send is None
+    shown = checked.refusal.render("en")
+    assert "200,000 characters" in shown and f"{MAX_MESSAGE_CHARS:,}" in shown
+    assert "stays in the chat" in shown
+    assert "200,000" in checked.refusal.render("zh") and "上限" in checked.refusal.render("zh")
+
+
+def test_the_limit_is_in_characters_and_inclusive():
+    at_limit = "字" * MAX_MESSAGE_CHARS  # 3 bytes each in UTF-8: the limit counts characters
+    assert check_message(at_limit).text_to_send == at_limit
+    assert check_message(at_limit + "字").refusal.values == {"length": MAX_MESSAGE_CHARS + 1,
+                                                            "limit": MAX_MESSAGE_CHARS}
+    assert check_message("abc", limit_chars=2).refused
+
+
+def test_control_characters_are_removed_with_a_count_tab_newline_cr_kept():
+    raw = "a\x00b\x01c\td\ne\rf\x1bg\x0bh\x0ci\x1f"
+    checked = check_message(raw)
+    assert checked.text_to_send == "abc\td\ne\rfghi"
+    (notice,) = checked.notices
+    assert notice.key == "input_controls_removed" and notice.values == {"count": 6}
+    assert "Removed 6 control character(s)" in notice.render("en")
+    assert "6 个控制字符" in notice.render("zh")
+
+
+def test_removed_controls_count_toward_nothing_but_the_rest_keeps_its_order():
+    assert remove_control_characters("\x00天\x00空\x00") == ("天空", 3)
+    assert remove_control_characters("plain") == ("plain", 0)
+
+
+def test_an_unpaired_surrogate_is_replaced_so_the_text_can_be_encoded():
+    # A JSON string may carry "\ud83d" alone (half an emoji); UTF-8 cannot encode it.
+    raw = "half \ud83d emoji and a \ude00 tail, whole 😀"
+    with pytest.raises(UnicodeEncodeError):
+        raw.encode("utf-8")
+    checked = check_message(raw)
+    assert checked.text_to_send == "half \ufffd emoji and a \ufffd tail, whole 😀"
+    checked.text_to_send.encode("utf-8")
+    assert [n.key for n in checked.notices] == ["input_surrogates_replaced"]
+
+
+def test_every_input_message_exists_in_both_languages():
+    keys = [key for key in STRINGS["en"] if key.startswith("input_")]
+    assert len(keys) == 5
+    for key in keys:
+        assert key in STRINGS["zh"], key
+        text(key, "zh", count=1, length=2, limit=1, kind="int")
+
+
+# ---------------------------------------------------------------- why NUL cannot stay
+
+
+async def test_postgresql_cannot_store_nul_but_stores_the_checked_text(postgres_url):
+    """The reason control characters are removed: PostgreSQL's text type has no NUL, and the
+    driver's error is not a StoreError (the app would fail after the reply streamed)."""
+    from sqlalchemy.exc import DBAPIError
+
+    from store import Store
+    from store.urls import normalise_url
+    from tests.fixtures_postgres import new_postgres_database
+    from tests.test_store import make_reply
+
+    store = await Store.open(normalise_url(await new_postgres_database(postgres_url)))
+    try:
+        await store.migrate()
+        with pytest.raises(DBAPIError, match="0x00"):
+            await store.save_reply(dataclasses.replace(make_reply(thread_id=None), prompt="a\x00b"))
+        mixed = "\x00".join(INTACT.values())
+        checked = check_message(mixed)
+        await store.save_reply(dataclasses.replace(make_reply(thread_id=None), prompt=checked.text_to_send))
+        (stored,) = await store.replies(5)
+        assert stored.prompt == "".join(INTACT.values())
+    finally:
+        await store.aclose()
+
+
+# ---------------------------------------------------------------- settings forged over the websocket
+
+
+@pytest.fixture
+def form_defaults():
+    return ChatDefaults(backend="llama_cpp"), ["llama_cpp", "paced"], load_presets()
+
+
+def from_form(form_defaults, **values):
+    defaults, backends, presets = form_defaults
+    return SessionSettings.from_form(values, defaults, backends, presets)
+
+
+def test_a_custom_system_prompt_with_control_characters_is_refused(form_defaults):
+    with pytest.raises(SettingsRejected, match="2 control character"):
+        from_form(form_defaults, system_custom="Be brief.\x00\x1b")
+    assert from_form(form_defaults, system_custom="Be brief.\n\tTabs ok. 简洁 👍").system_custom.endswith("👍")
+
+
+def test_forged_names_are_quoted_short_in_the_refusal(form_defaults):
+    from backends.errors import UnknownBackend
+
+    with pytest.raises(UnknownBackend) as refused:
+        from_form(form_defaults, backend="http://127.0.0.1:9/v1" + "x" * 100_000)
+    assert len(str(refused.value)) < 300 and "http://127.0.0.1:9/v1" in str(refused.value)
+    with pytest.raises(SettingsRejected) as rejected:
+        from_form(form_defaults, system_preset="p" * 100_000)
+    assert len(str(rejected.value)) < 400
+
+
+def test_settings_the_panel_does_not_have_are_refused(form_defaults):
+    with pytest.raises(SettingsRejected, match="unknown setting.*base_url.*configuration"):
+        from_form(form_defaults, backend="paced", base_url="http://127.0.0.1:9/v1", api_key="sk-forged")
+
+
+# ---------------------------------------------------------------- which pages may open the socket
+
+
+@pytest.mark.parametrize("origin, hosts, listed, allowed", [
+    (None, ["lab:8000"], [], True),  # not a browser
+    ("http://lab:8000", ["lab:8000"], [], True),  # the app's own page
+    ("https://lab:8000", ["lab:8000"], [], True),  # behind TLS the app may not know its scheme
+    ("http://LAB:8000", ["lab:8000"], [], True),
+    ("http://lab:9000", ["lab:8000"], [], False),  # another port is another origin
+    ("http://evil.example", ["lab:8000"], [], False),
+    ("null", ["lab:8000"], [], False),  # sandboxed frames, file:// pages
+    ("https://lab.school.edu", ["127.0.0.1:8000", "lab.school.edu"], [], True),  # X-Forwarded-Host
+    ("https://lab.school.edu", ["127.0.0.1:8000"], ["https://lab.school.edu"], True),  # listed
+    ("http://evil.example", ["lab:8000"], ["*"], True),  # Chainlit's default: every page
+    ("http://evil.example, http://lab:8000", ["lab:8000"], [], False),  # one header added by a library
+    ("http://lab:8000, http://lab:8000", ["lab:8000"], [], True),
+])
+def test_origin_allowed(origin, hosts, listed, allowed):
+    from chat.socket_guard import origin_allowed
+
+    assert origin_allowed(origin, hosts, listed) is allowed
+
+
+def test_the_forwarded_host_counts_only_its_first_value():
+    from chat.socket_guard import request_hosts
+
+    assert request_hosts({"HTTP_HOST": "127.0.0.1:8000", "HTTP_X_FORWARDED_HOST": "lab.edu, proxy.internal"}) == [
+        "127.0.0.1:8000", "lab.edu"]
+    assert request_hosts({}) == [""]
