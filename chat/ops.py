@@ -22,6 +22,8 @@ import time
 from collections import Counter
 
 import psutil
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 STARTED_AT = time.monotonic()
 
@@ -96,5 +98,14 @@ def process_state() -> dict:
     }
 
 
-async def state_endpoint() -> dict:
-    return process_state()
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+async def state_endpoint(request: Request) -> JSONResponse:
+    """Only for the machine the app runs on: a request from elsewhere, or one a proxy forwarded
+    (which would otherwise look local), is refused."""
+    client = request.client.host if request.client else ""
+    if client not in LOOPBACK or "x-forwarded-for" in request.headers or "forwarded" in request.headers:
+        return JSONResponse({"error": "GET /lab/state answers only on the app's own machine (loopback, not "
+                                      "through a proxy)."}, status_code=403)
+    return JSONResponse(process_state())

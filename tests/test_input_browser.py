@@ -428,6 +428,19 @@ def test_other_web_pages_can_neither_read_the_app_nor_open_its_socket(input_app:
     assert connects(None, "polling")  # not a browser: scripts and the load client send no Origin
 
 
+def test_the_apps_own_counts_answer_only_on_its_machine_and_hold_no_chat_content(input_app: AppServer):
+    state = requests.get(f"{input_app.url}/lab/state", timeout=10)
+    assert state.ok, state.text
+    figures = state.json()
+    assert figures["session_timeout_s"] == 600 and figures["rss_mb"] > 50
+    assert set(figures["threads_by_kind"]) == {"database", "executor", "model", "other"}
+    assert all(isinstance(v, (int, float, dict)) for v in figures.values()), figures  # counts only
+    # Through a proxy the request would come from loopback too: a forwarded one is refused.
+    for header in ({"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}):
+        refused = requests.get(f"{input_app.url}/lab/state", headers=header, timeout=10)
+        assert refused.status_code == 403 and "own machine" in refused.text, refused.text
+
+
 # ---------------------------------------------------------------- longer than the model's context
 
 
