@@ -11,7 +11,7 @@ import asyncio
 
 import chainlit as cl
 
-from chat import engines_view, reports, rounds_view, session
+from chat import engines_view, memory, reports, rounds_view, session
 from chat.i18n import text
 
 COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status")
@@ -60,10 +60,13 @@ async def answer(user_text: str) -> None:
     prompts = cl.user_session.get("user_prompts") or []
     prompts.append(user_text)
     cl.user_session.set("user_prompts", prompts)
-    if session.session_settings().mode == "chat":
-        await session.reply(user_text)
-    else:
-        await rounds_view.compare_reply(user_text)
+    try:
+        if session.session_settings().mode == "chat":
+            await session.reply(user_text)
+        else:
+            await rounds_view.compare_reply(user_text)
+    finally:
+        memory.bound_session()
 
 
 async def run_command(name: str) -> None:

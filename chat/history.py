@@ -60,3 +60,25 @@ async def fit_to_context(
     room = context_length - tokens
     capped = max(1, min(max_new_tokens, room)) if room > 0 else max_new_tokens
     return FittedPrompt(head + turns, dropped, tokens, capped)
+
+
+# The most conversation one session keeps in the app's memory: far more than any model's context
+# here (about 100k tokens), so fitting (above) decides what is sent; this only bounds memory.
+MAX_HISTORY_CHARS = 400_000
+
+
+def bounded_history(history: Sequence[ChatMessage], max_chars: int = MAX_HISTORY_CHARS) -> list[ChatMessage]:
+    """The newest messages whose text adds up to at most `max_chars`, whole turns only (a kept
+    assistant message keeps its user message); the newest turn is always kept."""
+    kept: list[ChatMessage] = []
+    total = 0
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        total += len(message.content)
+        if kept and total > max_chars:
+            break
+        kept.append(message)
+    kept.reverse()
+    while len(kept) > 1 and kept[0].role == "assistant":
+        kept.pop(0)  # a reply whose question was dropped
+    return kept

@@ -67,6 +67,7 @@ DATABASE_FILE_ENDINGS = (".db", ".db-wal", ".db-shm", ".db-journal", ".sqlite", 
 
 def process_state() -> dict:
     """The app process's resources now."""
+    from chainlit.chat_context import chat_contexts
     from chainlit.config import config
     from chainlit.session import ws_sessions_id, ws_sessions_sid
 
@@ -83,6 +84,9 @@ def process_state() -> dict:
         "uptime_s": round(time.monotonic() - STARTED_AT, 1),
         "sessions": len(ws_sessions_id),
         "connected_sessions": _connected_sessions(list(ws_sessions_sid)),
+        # Chainlit's per-session message lists (bounded per session by chat/memory.py).
+        "chat_contexts": len(chat_contexts),
+        "chat_context_messages": sum(len(messages) for messages in list(chat_contexts.values())),
         "threads": len(threads),
         "threads_by_kind": _count(threads, THREAD_KINDS),
         "tasks": len(tasks),

@@ -24,6 +24,7 @@ from chat.flow import AppState, Refusal, empty_reply_notice, plan_reply, server_
 from chat.i18n import language_of, text
 from chat.input import check_message
 from chat.live import LiveReply, initial_props
+from chat.memory import free_closed_sessions
 from chat.settings import SessionSettings, SettingsRejected, settings_widgets
 from timing import FINAL_STATES
 
@@ -151,6 +152,7 @@ async def start(actions: list[cl.Action] | None = None) -> None:
     """New chat: settings panel, then the backends' status (a down backend is shown, not hidden)."""
     state, lang_code = app_state(), lang()
     _new_session(state)
+    free_closed_sessions()
     if await state.storage() is None:
         await say(text("storage_unavailable", lang_code, problem=state.storage_problem))
     await _send_settings()
@@ -252,7 +254,8 @@ async def reply(user_text: str) -> None:
     outcome = await LiveReply(plan.open_stream(), message, metrics, lang=lang_code, request=plan.request,
                               engine_at_start=state_summary(plan.engine_at_start)).run()
 
-    message.metadata = {"record": outcome.record.as_dict(include_timeline=True),
+    # The per-chunk timeline is in the database (and in the figures element), not on every message.
+    message.metadata = {"record": outcome.record.as_dict(),
                         "sent": dict(plan.request.sent)}
     await message.update()
     await state.save_reply(stored_reply(plan, outcome.record, user_text=user_text, reply_text=outcome.text,

@@ -446,17 +446,20 @@ def test_finished_reply_opens_its_timeline_with_the_gap_chart_and_the_stored_fig
     assert duration_ms(first_token) == pytest.approx(record["first_token_s"] * 1000, abs=0.51)
     first_byte = timeline.locator('[data-testid="timeline-first-byte"] .font-mono').inner_text()
     assert duration_ms(first_byte) == pytest.approx(record["first_byte_s"] * 1000, abs=0.51)
+    # The database keeps the same record for this reply, with its per-chunk timeline (the
+    # message's metadata carries the figures only: a timeline per message would grow memory).
+    assert "chunk_times_s" not in record
+    (reply,) = [r for r in run_coroutine(stored(lab_app.env["DATABASE_URL"], "replies", 50))
+                if r.prompt == "Show me your timeline."]
+    assert reply.record["itl"] == itl and reply.first_token_s == record["first_token_s"]
+    assert reply.output_tokens == 40 and len(reply.record["chunk_times_s"]) == 40
     # The record's percentiles are those of its own per-chunk times, and its median the server's pace.
-    gaps_ms = [1000 * (b - a) for a, b in zip(record["chunk_times_s"], record["chunk_times_s"][1:])]
+    times = reply.record["chunk_times_s"]
+    gaps_ms = [1000 * (b - a) for a, b in zip(times, times[1:])]
     import numpy
 
     assert itl["p90_ms"] == pytest.approx(numpy.percentile(gaps_ms, 90))
     assert itl["median_ms"] == pytest.approx(20.0, rel=0.25)
-    # The database keeps the same record for this reply.
-    (reply,) = [r for r in run_coroutine(stored(lab_app.env["DATABASE_URL"], "replies", 50))
-                if r.prompt == "Show me your timeline."]
-    assert reply.record["itl"] == itl and reply.record["chunk_times_s"] == record["chunk_times_s"]
-    assert reply.first_token_s == record["first_token_s"] and reply.output_tokens == 40
     # The server's own count sits beside ours, named by its source.
     expect(timeline.locator('[data-testid="metrics-server"]')).to_contain_text(f"{PACED_LABEL} usage")
     expect(timeline.locator('[data-testid="metrics-sent"]')).to_contain_text("temperature=0")

@@ -51,3 +51,30 @@ async def test_unknown_context_sends_everything():
     turns = conversation(3)
     fitted = await fit_to_context(None, turns, count_words, None, 10)
     assert fitted.messages == turns and fitted.prompt_tokens is None
+
+
+def test_bounded_history_keeps_the_newest_whole_turns_within_the_bound():
+    from chat.history import bounded_history
+
+    turns = [ChatMessage(role, f"{role[0]}{i}" + "x" * 98) for i in range(10) for role in ("user", "assistant")]
+    assert bounded_history(turns, max_chars=10_000) == turns  # under the bound: untouched
+    kept = bounded_history(turns, max_chars=450)
+    assert [m.content[:2] for m in kept] == ["u8", "a8", "u9", "a9"]  # 4 x 100 chars; a 5th is an orphan reply
+    assert bounded_history(turns, max_chars=10) == turns[-1:]  # the newest message always stays
+    assert bounded_history([], max_chars=10) == []
+
+
+def test_chainlits_message_lists_of_freed_sessions_are_dropped():
+    from chainlit.chat_context import chat_contexts
+    from chainlit.session import ws_sessions_id
+
+    from chat.memory import free_closed_sessions
+
+    chat_contexts.update({"gone-1": [object()], "gone-2": [], "alive": [object()]})
+    ws_sessions_id["alive"] = object()
+    try:
+        assert free_closed_sessions() == 2
+        assert "alive" in chat_contexts and "gone-1" not in chat_contexts and "gone-2" not in chat_contexts
+    finally:
+        chat_contexts.pop("alive", None)
+        ws_sessions_id.pop("alive", None)

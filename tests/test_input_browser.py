@@ -280,6 +280,20 @@ def test_forged_messages_are_refused_or_cleaned_and_the_chat_goes_on(input_app: 
         assert record.outcome == "replied" and record.text.split()[0] == "w1", record
 
 
+def test_a_long_chat_keeps_a_bounded_number_of_messages_in_the_apps_memory(input_app: AppServer,
+                                                                          paced_server: PacedServer):
+    from chat.memory import KEEP_CONTEXT_MESSAGES
+
+    paced_server.set_pace(rate_tokens_per_s=500, tokens=5)
+    before = requests.get(f"{input_app.url}/lab/state", timeout=10).json()["chat_context_messages"]
+    with ChainlitClient(input_app.url) as client:
+        client.open_chat()
+        for i in range(KEEP_CONTEXT_MESSAGES):  # 2 messages each, and the chat's opening ones
+            assert client.ask(f"message {i}", REPLY_TIMEOUT_S).outcome == "replied"
+        held = requests.get(f"{input_app.url}/lab/state", timeout=10).json()["chat_context_messages"] - before
+    assert KEEP_CONTEXT_MESSAGES // 2 <= held <= KEEP_CONTEXT_MESSAGES, held
+
+
 FORGED_SETTINGS = [
     ({"backend": "{listener}/v1"}, "Unknown backend"),
     ({"backend": "no_such_backend"}, "Unknown backend 'no_such_backend'. Configured backends: paced, echo, broken"),
