@@ -201,6 +201,45 @@ def test_reply_streams_with_live_figures_then_final(page: Page, lab_app: AppServ
     assert number(final["tokens"]) >= tokens_seen[-1]
 
 
+def test_live_ttft_and_tokens_per_s_follow_the_stream_then_show_the_exact_final_figures(
+    page: Page, lab_app: AppServer, paced_server: PacedServer
+):
+    # 1 s to the first token, then 20 tokens/s with a 1.5 s pause after token 20: the live TTFT goes
+    # from "–" to about 1 s, and the live tokens/s (tokens over the decode time so far, as the final
+    # figure) first reads about 20, then falls when the first token after the pause arrives.
+    paced_server.set_pace(rate_tokens_per_s=20, tokens=40, first_token_s=1.0)
+    paced_server.set_faults(stall_after_tokens=20, stall_s=1.5)
+    try:
+        open_chat(page, lab_app)
+        switch_backend(page, f"{PACED_LABEL} (paced)", PACED_LABEL)
+        send(page, "Pace yourself.")
+        step_id = new_reply_id(page, None)
+        snapshots = watch_reply(page, step_id)
+    finally:
+        paced_server.set_faults(stall_after_tokens=None, stall_s=0)
+    final = snapshots[-1]
+    assert_final_figures(final, backend=PACED_LABEL, model_part=PACED_MODEL)
+
+    waiting = [s for s in snapshots if s["state"] != "completed" and not number(s["tokens"])]
+    streaming = [s for s in snapshots if s["state"] == "streaming" and number(s["tokens"])]
+    assert waiting and all(duration_ms(s["ttft"]) is None for s in waiting), waiting[-1:]
+    live_ttft = {duration_ms(s["ttft"]) for s in streaming}
+    assert len(live_ttft) == 1 and None not in live_ttft, live_ttft  # known at the first token, then fixed
+    (ttft_ms,) = live_ttft
+    assert 900 <= ttft_ms < 5000, ttft_ms
+    assert duration_ms(final["ttft"]) == pytest.approx(ttft_ms, abs=1.0)  # the same measurement, final
+
+    rates = [(number(s["tokens"]), number(s["rate"])) for s in streaming if number(s["rate"])]
+    before_pause = [rate for tokens, rate in rates if 5 <= tokens <= 20]
+    after_pause = [rate for tokens, rate in rates if tokens > 20]
+    assert before_pause and after_pause, rates
+    assert len({rate for _, rate in rates}) >= 3, rates  # the value itself moves while streaming
+    assert max(before_pause) > 12, rates  # about 20 tokens/s before the pause (generous: a busy machine)
+    assert after_pause[0] < max(before_pause) * 0.75, rates  # the pause shows at the first token after it
+    # The final rate is the whole reply's: 39 gaps over ~1.95 s of pacing plus the 1.5 s pause.
+    assert number(final["rate"]) == pytest.approx(39 / 3.45, rel=0.3), final
+
+
 def test_switching_backend_applies_to_the_next_reply(page: Page, lab_app: AppServer, paced_server: PacedServer):
     paced_server.set_pace(rate_tokens_per_s=40, tokens=40)
     open_chat(page, lab_app)
