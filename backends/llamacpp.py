@@ -196,6 +196,12 @@ def shared_model(config: BackendConfig) -> SharedModel:
         return _SHARED[key]
 
 
+def shared_models() -> list[SharedModel]:
+    """Every model this process has created so far (loaded or not), for the app's own counts."""
+    with _SHARED_LOCK:
+        return list(_SHARED.values())
+
+
 def _chat_formatter(llama):
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 

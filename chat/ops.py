@@ -3,7 +3,8 @@
 Counts only, nothing about anyone's chats: sessions Chainlit keeps (connected,
 and disconnected ones it keeps for `session_timeout` so a tab can reconnect),
 threads, asyncio tasks, TCP connections (from clients, and to backends), open
-files and memory.
+files, memory, and each embedded model's own counts (generating, waiting,
+tokens generated so far).
 
 Threads and tasks are counted by kind, because some grow on purpose and stay
 bounded: the database pool's connection threads (aiosqlite runs one thread per
@@ -24,6 +25,8 @@ from collections import Counter
 import psutil
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+
+from backends.llamacpp import shared_models
 
 STARTED_AT = time.monotonic()
 
@@ -60,6 +63,22 @@ def _connected_sessions(session_ids) -> int:
     from chainlit.server import sio
 
     return sum(1 for sid in session_ids if sio.manager.is_connected(sid, "/"))
+
+
+def embedded_models_state() -> dict[str, dict[str, int]]:
+    """Per in-process model (by file, context and threads): generating now (0 or 1), waiting,
+    tokens generated since the app started and tokens in its context now. Read by tests to see
+    that Stop really ends the embedded generation."""
+    state = {}
+    for model in shared_models():
+        snapshot = model.snapshot()
+        state[f"{model.path.name} (context {model.n_ctx}, threads {model.n_threads})"] = {
+            "generating": snapshot.running_requests,
+            "waiting": snapshot.waiting_requests,
+            "generated_tokens_total": int(snapshot.generation_tokens_total),
+            "context_used_tokens": snapshot.context_used_tokens,
+        }
+    return state
 
 
 DATABASE_FILE_ENDINGS = (".db", ".db-wal", ".db-shm", ".db-journal", ".sqlite", ".sqlite3")
@@ -99,6 +118,7 @@ def process_state() -> dict:
         "open_files_by_kind": {"database": database_files, "other": len(files) - database_files},
         "rss_mb": round(process.memory_info().rss / 2**20, 1),
         "session_timeout_s": config.project.session_timeout,
+        "embedded_models": embedded_models_state(),
     }
 
 

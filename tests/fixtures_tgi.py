@@ -65,7 +65,8 @@ class TGITestServer:
         return (await self._get("/__test__/state"))["in_flight"]
 
     async def set_faults(self, **faults: Any) -> None:
-        """Arm test faults: fail_after_tokens=N (+ error_type=...), unhealthy=True/False."""
+        """Arm test faults: fail_after_tokens=N (+ error_type=...), http_status=429 (+ retry_after="7"),
+        corrupt_next_event={"drop": ...} or {"set": {...}}, unhealthy=True/False."""
         async with httpx.AsyncClient(base_url=self.url, timeout=10) as client:
             (await client.post("/__test__/faults", json=faults)).raise_for_status()
 

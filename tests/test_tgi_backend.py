@@ -300,6 +300,25 @@ async def test_http_status_instead_of_a_stream_becomes_the_same_typed_error(
     assert text.strip()
 
 
+@pytest.mark.parametrize("route", ROUTES)
+async def test_429_with_retry_after_says_when_to_send_again_and_is_sent_once(route, tgi_backend_factory, tgi_server):
+    """TGI's "Model is overloaded" as HTTP 429 with a Retry-After header (the TGI-protocol server,
+    not a canned reply): the person reads when to send again, and the app does not retry."""
+    backend = tgi_backend_factory(route)
+    generations_before = len(await tgi_server.generations())
+    await tgi_server.set_faults(http_status=429, retry_after="7")
+    with pytest.raises(BackendOverloaded) as caught:
+        await measure(backend, QUESTION, SHORT)
+    # describe() is what the chat shows under "... could not answer".
+    shown = caught.value.describe()
+    assert_names_backend(caught.value, tgi_server, "busy, retry in 7 s (HTTP 429)", "Model is overloaded")
+    assert "does not retry by itself" in shown and "data:" not in shown, shown
+    assert caught.value.retry_after_s == 7
+    # Exactly one request reached the stream route, and nothing was generated.
+    assert (await paths_requested(tgi_server)).count(ROUTE_PATHS[route]) == 1
+    assert len(await tgi_server.generations()) == generations_before
+
+
 # ---------------------------------------------------------------- reaching the server
 
 

@@ -182,3 +182,68 @@ async def test_every_route_of_the_test_server_answers_in_the_spec(tgi_server):
             else:
                 assert events[-1]["details"]["generated_tokens"] == len(events)
     assert (await tgi_server.violations())[violations_before:] == []
+
+
+# ---------------------------------------------------------------- the server's own check can fail
+
+
+SAY_HI_NATIVE = {"inputs": "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n",
+                 "parameters": {"max_new_tokens": 3, "details": True}}
+SAY_HI_CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3, "temperature": 0,
+               "stream": True}
+
+
+@pytest.mark.parametrize(("path", "body", "fault", "reason"), [
+    ("/generate_stream", SAY_HI_NATIVE, {"drop": "token"}, "at (root): 'token' is a required property"),
+    ("/generate_stream", SAY_HI_NATIVE, {"set": {"token.id": "5248"}}, "at token/id: '5248' is not of type 'integer'"),
+    ("/v1/chat/completions", SAY_HI_CHAT, {"drop": "system_fingerprint"},
+     "at (root): 'system_fingerprint' is a required property"),
+    ("/v1/chat/completions", SAY_HI_CHAT, {"set": {"created": "now"}}, "at created: 'now' is not of type 'integer'"),
+], ids=["native-missing-token", "native-id-as-text", "chat-missing-fingerprint", "chat-created-as-text"])
+async def test_the_server_records_an_event_it_sent_outside_the_spec(tgi_server, path, body, fault, reason):
+    """The `server_kept_the_contract` checks elsewhere can fail: a deliberately broken event is
+    recorded (and still sent, so a client sees what a broken server sends); a normal one is not."""
+    async with httpx.AsyncClient(base_url=tgi_server.url, timeout=60) as client:
+        before = len(await tgi_server.violations())
+        clean = sse_payloads((await client.post(path, json=body)).text)
+        assert clean and (await tgi_server.violations())[before:] == []
+
+        await tgi_server.set_faults(corrupt_next_event=fault)
+        broken = sse_payloads((await client.post(path, json=body)).text)
+        (violation,) = (await tgi_server.violations())[before:]
+        assert violation["path"] == path and violation["status"] == 200, violation
+        assert violation["content_type"] == "text/event-stream"
+        assert reason in violation["problems"], violation["problems"]
+        assert violation["payload"] == broken[0]  # the first event of the stream, as sent
+
+        # One event only: the rest of that stream and the next stream are in the spec again.
+        again = sse_payloads((await client.post(path, json=body)).text)
+        assert len(again) == len(clean) and (await tgi_server.violations())[before + 1:] == []
+
+
+async def test_the_server_records_a_request_body_outside_the_spec(tgi_server):
+    """Every request body is checked against the spec's request schema: an ill-typed or missing
+    field is recorded with the reason. The spec allows fields it does not name (no
+    `additionalProperties: false`), as TGI's router ignores them, so an unknown one is not."""
+    native = SAY_HI_NATIVE["parameters"]
+    sent = [  # (path, body, the recorded problem; None: nothing recorded)
+        ("/generate_stream", {**SAY_HI_NATIVE, "parameters": {**native, "max_new_tokens": "three"}},
+         "at parameters/max_new_tokens: 'three' is not of type 'integer'"),
+        ("/generate_stream", {"parameters": native}, "at (root): 'inputs' is a required property"),
+        ("/v1/chat/completions", {**SAY_HI_CHAT, "temperature": "warm"}, "at temperature: 'warm' is not of type 'number'"),
+        ("/generate_stream", {**SAY_HI_NATIVE, "parameters": {**native, "frobnicate": 1}}, None),
+        ("/generate_stream", SAY_HI_NATIVE, None),
+    ]
+    await tgi_server.clear_requests()
+    async with httpx.AsyncClient(base_url=tgi_server.url, timeout=60) as client:
+        for path, body, _ in sent:
+            response = await client.post(path, json=body)
+            assert response.status_code == 200  # TGI streams first: errors come as events
+    recorded = await tgi_server.requests()
+    assert [r["path"] for r in recorded] == [path for path, _, _ in sent]
+    for request, (_, _, problem) in zip(recorded, sent):
+        problems = request["request_schema_problems"]
+        if problem is None:
+            assert problems == [], request
+        else:
+            assert len(problems) == 1 and problems[0].startswith(problem), request

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from backends.base import ChatMessage, GenerationParams, StreamChunk
+from backends.engine_metrics import EngineSnapshot, parse_vllm_metrics
 from backends.errors import BackendUnavailable, InputRejected
 from backends.openai_compat import OpenAICompatBackend, server_root
 from config import BackendConfig
@@ -64,6 +65,12 @@ def metric_value(root_url: str, name: str, **labels: str) -> float:
         if match and all(f'{key}="{value}"' in (match.group(1) or "") for key, value in labels.items()):
             total += float(match.group(2))
     return total
+
+
+def engine_state(root_url: str) -> EngineSnapshot:
+    """vLLM's /metrics now, read the way the app reads it (prometheus_client's parser)."""
+    with urllib.request.urlopen(f"{root_url}/metrics", timeout=5) as response:
+        return parse_vllm_metrics(response.read().decode(), time.monotonic())
 
 
 @pytest.mark.vllm
@@ -161,6 +168,7 @@ async def test_two_concurrent_streams_both_complete(vllm):
 async def test_stop_closes_the_connection_even_when_the_consumer_is_cancelled(vllm):
     """A cancelled task (the UI's Stop) must not leave the request running on the server."""
     root = server_root(vllm.url)
+    generated_before = (await asyncio.to_thread(engine_state, root)).generation_tokens_total
     first_chunk = asyncio.Event()
 
     async def consume() -> None:
@@ -173,15 +181,20 @@ async def test_stop_closes_the_connection_even_when_the_consumer_is_cancelled(vl
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first_chunk.wait(), timeout=30)
+    # The request is running on the server (not finished, not queued) when it is cancelled.
+    assert (await asyncio.to_thread(engine_state, root)).running_requests == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if await asyncio.to_thread(metric_value, root, "vllm:num_requests_running") == 0:
+        if (await asyncio.to_thread(engine_state, root)).running_requests == 0:
             break
         await asyncio.sleep(0.1)
-    assert await asyncio.to_thread(metric_value, root, "vllm:num_requests_running") == 0
+    after = await asyncio.to_thread(engine_state, root)
+    assert after.running_requests == 0, "vLLM kept generating after the consumer was cancelled"
+    # 1000 tokens were allowed; the aborted request generated a handful.
+    assert 1 <= after.generation_tokens_total - generated_before < 1000
 
 
 @pytest.mark.vllm

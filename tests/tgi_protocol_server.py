@@ -59,7 +59,10 @@ Test-only routes (not part of TGI):
   makes the next generation fail after N tokens with an in-stream error;
   `{"http_status": 429}` (or 422, 424, 500) answers the next streaming request
   with that HTTP status and TGI's error body instead of a stream;
-  `{"unhealthy": true}` makes /health answer 503.
+  `"retry_after": "7"` beside it adds that `Retry-After` header;
+  `{"corrupt_next_event": {"drop": "token"}}` (or `{"set": {"token.id": "5"}}`)
+  breaks the next SSE event of a stream, so a test sees the contract check
+  record it; `{"unhealthy": true}` makes /health answer 503.
 - Each generation records when its first and last token events were handed
   to the transport (`time.time()`), and each request the client's port (to
   see whether a client kept its connection).
@@ -114,6 +117,7 @@ class InferError(Exception):
         self.message = message
         self.error_type = error_type
         self.status = status
+        self.headers: dict[str, str] = {}  # e.g. Retry-After, when a test fault asks for one
 
     def body(self) -> dict[str, str]:
         return {"error": self.message, "error_type": self.error_type}
@@ -509,6 +513,28 @@ class ServerMetrics:
         return "\n\n".join("\n".join(block) for block in blocks) + "\n"
 
 
+def corrupted(payload: Any, fault: dict[str, Any]) -> Any:
+    """A copy of `payload` broken the way a test fault asks, to show that the contract check
+    catches it: `{"drop": "token"}` removes a field, `{"set": {"token.id": "5"}}` replaces one
+    (dotted paths; a number steps into a list, e.g. "choices.0.delta.content")."""
+    broken = json.loads(json.dumps(payload))
+
+    def parent_of(dotted: str) -> tuple[Any, Any]:
+        *steps, last = dotted.split(".")
+        target = broken
+        for step in steps:
+            target = target[int(step)] if isinstance(target, list) else target[step]
+        return target, int(last) if isinstance(target, list) else last
+
+    if fault.get("drop"):
+        target, key = parent_of(fault["drop"])
+        del target[key]
+    for dotted, value in (fault.get("set") or {}).items():
+        target, key = parent_of(dotted)
+        target[key] = value
+    return broken
+
+
 def _message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -578,10 +604,15 @@ class TGIProtocolServer:
                                     "content_type": content_type, "problems": problems, "payload": payload})
         return payload
 
-    def json(self, path: str, method: str, status: int, payload: Any) -> JSONResponse:
-        return JSONResponse(self.checked(path, method, status, "application/json", payload), status_code=status)
+    def json(self, path: str, method: str, status: int, payload: Any,
+             headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.checked(path, method, status, "application/json", payload), status_code=status,
+                            headers=headers)
 
     def sse(self, path: str, status: int, payload: Any) -> bytes:
+        fault = self.faults.pop("corrupt_next_event", None) if status == 200 else None
+        if fault is not None:
+            payload = corrupted(payload, fault)
         self.checked(path, "post", status, "text/event-stream", payload)
         return b"data:" + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
@@ -595,7 +626,7 @@ class TGIProtocolServer:
 
     def error_json(self, path: str, error: InferError) -> JSONResponse:
         self.metrics.failed(error)
-        return self.json(path, "post", error.status, error.body())
+        return self.json(path, "post", error.status, error.body(), headers=error.headers)
 
     # -- requests
 
@@ -881,13 +912,18 @@ class TGIProtocolServer:
 
     def injected_status_error(self) -> InferError | None:
         """The armed `http_status` fault: the next streaming request is answered with that HTTP
-        status and TGI's error body, as an older TGI or a proxy in front of it would."""
+        status and TGI's error body, as an older TGI or a proxy in front of it would; with
+        `retry_after` armed too, the answer carries that `Retry-After` header."""
         status = self.faults.pop("http_status", None)
         if status is None:
             return None
-        return {422: validation_error("injected test rejection"), 429: overloaded_error(),
-                424: injected_error("generation", 0),
-                500: injected_error("incomplete_generation", 0)}[int(status)]
+        error = {422: validation_error("injected test rejection"), 429: overloaded_error(),
+                 424: injected_error("generation", 0),
+                 500: injected_error("incomplete_generation", 0)}[int(status)]
+        retry_after = self.faults.pop("retry_after", None)
+        if retry_after is not None:
+            error.headers["Retry-After"] = str(retry_after)
+        return error
 
     async def route_generate_stream(self, request: Request) -> Response:
         path = "/generate_stream"
@@ -897,7 +933,8 @@ class TGIProtocolServer:
             if injected is not None:
                 raise injected
         except InferError as error:
-            return Response(self.error_event(path, error), status_code=error.status, media_type="text/event-stream")
+            return Response(self.error_event(path, error), status_code=error.status, media_type="text/event-stream",
+                            headers=error.headers)
         return self.stream_response(path, payload)
 
     async def route_compat(self, request: Request) -> Response:
