@@ -23,6 +23,7 @@ from playwright.sync_api import Page, expect
 from load.chainlit_client import ChainlitClient
 from tests.fixtures_app import AppServer, PacedServer, backend_env, start_paced_server
 from tests.test_browser import REPLY_TIMEOUT_MS, new_reply_id, send, watch_reply
+from tests.test_compare_browser import change_settings
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -132,16 +133,6 @@ def open_chat(page: Page, app: AppServer) -> None:
         timeout=READY_TIMEOUT_MS)
 
 
-def choose(page: Page, **selects: str) -> None:
-    """Pick options (by visible name) in Select widgets of the settings panel, then confirm."""
-    page.locator("#chat-settings-open-modal").click()
-    for widget, option in selects.items():
-        page.locator(f"#{widget}").click()
-        page.get_by_role("option", name=option).click()
-    page.locator("#confirm").click()
-    expect(page.locator(".step", has_text="from your next message").last).to_be_visible()
-
-
 def assert_nothing_injected(page: Page) -> None:
     page.wait_for_timeout(500)  # an <img onerror> would fire once its load failed
     assert page.evaluate(INJECTION_JS) == NOTHING_INJECTED
@@ -192,7 +183,7 @@ def test_markup_in_a_message_and_in_the_models_reply_is_shown_as_text(
 
 def test_markup_in_a_backends_error_page_is_shown_as_text(page: Page, input_app: AppServer):
     open_chat(page, input_app)
-    choose(page, backend="Broken (broken)")
+    change_settings(page, backend="Broken (broken)")
     send(page, "Will this fail?")
     error = page.locator(".step", has_text="Broken could not answer")
     expect(error).to_be_visible(timeout=30_000)
@@ -208,7 +199,7 @@ def test_markup_in_every_column_of_a_compare_round_is_shown_as_text(
     paced_server.set_reply(text=MARKUP)
     try:
         open_chat(page, input_app)
-        choose(page, mode="Compare side by side")
+        change_settings(page, mode="Compare side by side")
         send(page, MARKUP)
         deadline = time.monotonic() + REPLY_TIMEOUT_S
         while not ((round_ := page.evaluate(ROUND_JS, False)) and round_["final"]):
