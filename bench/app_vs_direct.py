@@ -44,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -81,9 +82,9 @@ def phase_order(rounds: int) -> list[str]:
     return order
 
 
-def session_prompts(prompts: Sequence[BenchPrompt], sessions: int) -> list[list[BenchPrompt]]:
-    """Prompt i goes to session i mod N, in order: N tabs sharing the list as `run_level` shares it."""
-    return [list(prompts[index::sessions]) for index in range(sessions)]
+def in_flight(durations_s: Sequence[float], wall_s: float) -> float | None:
+    """Mean number of things in progress over `wall_s`, from their durations."""
+    return round(sum(durations_s) / wall_s, 2) if wall_s > 0 and durations_s else None
 
 
 def p50_ms(values_s: Sequence[float]) -> float | None:
@@ -104,6 +105,10 @@ class Phase:
     vllm_generation_tokens: int | None = None  # change in vllm:generation_tokens_total over the phase
     ttft_p50_ms: float | None = None  # request leaving -> first text, timing.py (app: as it stored it)
     tab_ttft_p50_ms: float | None = None  # app only: message sent -> first text over the socket
+    # Sum of the requests' durations (leaving -> stream closed) / wall: how full vLLM's batch was kept.
+    mean_requests_in_flight: float | None = None
+    # App only: sum of (message sent -> reply complete) / wall; the rest of the tabs' time is between replies.
+    mean_tabs_waiting: float | None = None
     cpu_s: dict[str, float] = field(default_factory=dict)  # process trees: vllm, app, bench
     interrupted: bool = False
 
@@ -190,6 +195,7 @@ async def direct_phase(phase: Phase, backend: OpenAICompatBackend, prompts: Sequ
     phase.errors = [outcome.error or "stopped" for outcome in level.outcomes if not outcome.ok]
     phase.output_tokens = sum(record.output_tokens for record in done)
     phase.ttft_p50_ms = p50_ms([r.first_token_s for r in done if r.first_token_s is not None])
+    phase.mean_requests_in_flight = in_flight([record.total_s for record in done], phase.wall_s)
     after = await generation_tokens(backend)
     phase.vllm_generation_tokens = None if None in (before, after) else after - before
     if level.interrupted:
@@ -225,22 +231,27 @@ async def stored_reply_ids(store: Store) -> set[str]:
 
 async def app_phase(phase: Phase, app_url: str, store: Store, backend: OpenAICompatBackend,
                     prompts: Sequence[BenchPrompt], sessions: int, cpu: CpuMeter, tick: Callable[[], None]) -> Phase:
-    per_session = session_prompts(prompts, sessions)
-    chats = await open_chats(app_url, len(prompts), sessions)  # before the clock
+    # Each tab takes the next prompt when its reply is complete, as `run_level` hands them out.
+    queue = deque(enumerate(prompts))
+    chats = await open_chats(app_url, len(prompts), sessions)  # one per prompt, before the clock
     records: list[ReplyRecord] = []
+    spans_s: list[float] = []
     try:
         seen = await stored_reply_ids(store)
         before = await generation_tokens(backend)
         cpu.start()
 
-        async def tab(session_index: int) -> None:
-            for turn, prompt in enumerate(per_session[session_index]):
-                chat = chats[session_index + turn * sessions]
-                records.append(await chat.ask(prompt_text(prompt), REPLY_TIMEOUT_S))
+        async def tab() -> None:
+            while queue:
+                index, prompt = queue.popleft()
+                record = await chats[index].ask(prompt_text(prompt), REPLY_TIMEOUT_S)
+                records.append(record)
+                if record.sent_at_s is not None and record.completed_at_s is not None:
+                    spans_s.append(record.completed_at_s - record.sent_at_s)
                 tick()
 
         started = time.perf_counter()
-        tasks = [asyncio.create_task(tab(index)) for index in range(sessions)]
+        tasks = [asyncio.create_task(tab()) for _ in range(sessions)]
         try:
             await asyncio.gather(*tasks)
         except asyncio.CancelledError:
@@ -264,6 +275,8 @@ async def app_phase(phase: Phase, app_url: str, store: Store, backend: OpenAICom
     phase.ttft_p50_ms = p50_ms([reply.first_token_s for reply in completed if reply.first_token_s is not None])
     phase.tab_ttft_p50_ms = p50_ms([record.first_token_s for record in records if record.first_token_s is not None])
     phase.vllm_generation_tokens = None if None in (before, after) else after - before
+    phase.mean_requests_in_flight = in_flight([reply.total_s for reply in replies], phase.wall_s)
+    phase.mean_tabs_waiting = in_flight(spans_s, phase.wall_s)
     return phase
 
 
@@ -360,19 +373,22 @@ def _n(value: float | None, digits: int = 1) -> str:
 def results_table(run: Run) -> str:
     """The per-phase and pooled figures as a markdown table, then the verdict."""
     lines = ["| phase | path | requests ok | wall s | output tokens | vLLM counter Δ | tokens/s | "
-             "TTFT p50 ms (app's clock) | TTFT p50 ms (tab) | CPU s vLLM / app / bench |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "TTFT p50 ms (app's clock) | TTFT p50 ms (tab) | in flight at vLLM (tabs waiting) | "
+             "CPU s vLLM / app / bench |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for phase in run.phases:
         cpu = " / ".join(_n(phase.cpu_s.get(name)) for name in ("vllm", "app", "bench"))
         lines.append(f"| {phase.number}{' (interrupted)' if phase.interrupted else ''} | {phase.path} | "
                      f"{phase.completed}/{phase.requests} | {_n(phase.wall_s)} | {phase.output_tokens:,} | "
                      f"{'–' if phase.vllm_generation_tokens is None else f'{phase.vllm_generation_tokens:,}'} | "
-                     f"{_n(phase.tokens_per_s)} | {_n(phase.ttft_p50_ms)} | {_n(phase.tab_ttft_p50_ms)} | {cpu} |")
+                     f"{_n(phase.tokens_per_s)} | {_n(phase.ttft_p50_ms)} | {_n(phase.tab_ttft_p50_ms)} | "
+                     f"{_n(phase.mean_requests_in_flight, 2)}"
+                     f"{'' if phase.mean_tabs_waiting is None else f' ({phase.mean_tabs_waiting:.2f})'} | {cpu} |")
     for path in PATHS:
         pooled = run.pooled(path)
         lines.append(f"| pooled | {path} | | {_n(pooled['wall_s'])} | {pooled['output_tokens']:,} | | "
                      f"**{_n(pooled['tokens_per_s'])}** | {_n(pooled['ttft_p50_ms_median_of_phases'])} | "
-                     f"{_n(pooled['tab_ttft_p50_ms_median_of_phases'])} | |")
+                     f"{_n(pooled['tab_ttft_p50_ms_median_of_phases'])} | | |")
     lines.append("")
     lines.append(verdict(run))
     return "\n".join(lines)
