@@ -21,8 +21,12 @@ A phase's tokens/s = its output tokens / its wall time (first message sent
 to last reply complete); pooled = all tokens of a path / all its wall time.
 TTFT p50: per path on the app's own clock (the request leaving to its first
 text, `timing.py`); for the app also as the tab sees it (message sent to the
-first text over the socket). CPU seconds of vLLM, the app and this process
-per phase show where the time goes.
+first text over the socket). Where the time goes, per phase: requests in
+flight at vLLM on average (how full its batch was kept; for the app also
+the tabs waiting for a reply), the app's time per reply outside the vLLM
+request (before it leaves and after its stream ends), and the CPU seconds
+of vLLM, the app and this process (whose simulated tabs stand in for
+browsers that would run elsewhere).
 
 Without --vllm-url it starts vLLM (~1 min) and the app on free loopback
 ports and stops both by PID at the end or on Ctrl-C (which writes what was
@@ -40,7 +44,7 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
+import shutil
 import sys
 import tempfile
 import time
@@ -63,6 +67,8 @@ from bench.runner import run_level  # noqa: E402
 from config import BackendConfig  # noqa: E402
 from load.chainlit_client import AsyncChainlitClient, ChatFailed, ReplyRecord  # noqa: E402
 from store import Store  # noqa: E402
+from tests.fixtures_app import APP_START_TIMEOUT_S, chainlit_command  # noqa: E402
+from tests.servers import ServerProcess, free_port  # noqa: E402
 from timing import percentile  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,8 +93,12 @@ def in_flight(durations_s: Sequence[float], wall_s: float) -> float | None:
     return round(sum(durations_s) / wall_s, 2) if wall_s > 0 and durations_s else None
 
 
-def p50_ms(values_s: Sequence[float]) -> float | None:
-    return percentile([value * 1000 for value in values_s], 50) if values_s else None
+def p50(values: Sequence[float]) -> float | None:
+    return percentile(list(values), 50) if values else None
+
+
+def ms(values_s: Sequence[float | None]) -> list[float]:
+    return [round(value * 1000, 1) for value in values_s if value is not None]
 
 
 @dataclass
@@ -103,12 +113,14 @@ class Phase:
     wall_s: float = 0.0
     output_tokens: int = 0  # the path's own count: the runner's records, or the app's stored replies
     vllm_generation_tokens: int | None = None  # change in vllm:generation_tokens_total over the phase
-    ttft_p50_ms: float | None = None  # request leaving -> first text, timing.py (app: as it stored it)
-    tab_ttft_p50_ms: float | None = None  # app only: message sent -> first text over the socket
+    ttft_ms: list[float] = field(default_factory=list)  # request leaving -> first text, timing.py (app: stored)
+    tab_ttft_ms: list[float] = field(default_factory=list)  # app only: message sent -> first text over the socket
     # Sum of the requests' durations (leaving -> stream closed) / wall: how full vLLM's batch was kept.
     mean_requests_in_flight: float | None = None
     # App only: sum of (message sent -> reply complete) / wall; the rest of the tabs' time is between replies.
     mean_tabs_waiting: float | None = None
+    # App only: per reply, the tab's wait minus the request's time at vLLM (the app's work around a request).
+    app_ms_per_reply_outside_request: float | None = None
     cpu_s: dict[str, float] = field(default_factory=dict)  # process trees: vllm, app, bench
     interrupted: bool = False
 
@@ -121,11 +133,20 @@ class Phase:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else None
 
     @property
+    def ttft_p50_ms(self) -> float | None:
+        return p50(self.ttft_ms)
+
+    @property
+    def tab_ttft_p50_ms(self) -> float | None:
+        return p50(self.tab_ttft_ms)
+
+    @property
     def counts_agree(self) -> bool:
         return self.vllm_generation_tokens == self.output_tokens
 
     def as_dict(self) -> dict:
         return {**asdict(self), "failed": self.failed, "tokens_per_s": self.tokens_per_s,
+                "ttft_p50_ms": self.ttft_p50_ms, "tab_ttft_p50_ms": self.tab_ttft_p50_ms,
                 "counts_agree": self.counts_agree}
 
 
@@ -194,12 +215,11 @@ async def direct_phase(phase: Phase, backend: OpenAICompatBackend, prompts: Sequ
     phase.completed = len(done)
     phase.errors = [outcome.error or "stopped" for outcome in level.outcomes if not outcome.ok]
     phase.output_tokens = sum(record.output_tokens for record in done)
-    phase.ttft_p50_ms = p50_ms([r.first_token_s for r in done if r.first_token_s is not None])
+    phase.ttft_ms = ms([record.first_token_s for record in done])
     phase.mean_requests_in_flight = in_flight([record.total_s for record in done], phase.wall_s)
     after = await generation_tokens(backend)
     phase.vllm_generation_tokens = None if None in (before, after) else after - before
     if level.interrupted:
-        phase.interrupted = True
         raise asyncio.CancelledError
     return phase
 
@@ -235,7 +255,6 @@ async def app_phase(phase: Phase, app_url: str, store: Store, backend: OpenAICom
     queue = deque(enumerate(prompts))
     chats = await open_chats(app_url, len(prompts), sessions)  # one per prompt, before the clock
     records: list[ReplyRecord] = []
-    spans_s: list[float] = []
     try:
         seen = await stored_reply_ids(store)
         before = await generation_tokens(backend)
@@ -244,10 +263,7 @@ async def app_phase(phase: Phase, app_url: str, store: Store, backend: OpenAICom
         async def tab() -> None:
             while queue:
                 index, prompt = queue.popleft()
-                record = await chats[index].ask(prompt_text(prompt), REPLY_TIMEOUT_S)
-                records.append(record)
-                if record.sent_at_s is not None and record.completed_at_s is not None:
-                    spans_s.append(record.completed_at_s - record.sent_at_s)
+                records.append(await chats[index].ask(prompt_text(prompt), REPLY_TIMEOUT_S))
                 tick()
 
         started = time.perf_counter()
@@ -255,28 +271,30 @@ async def app_phase(phase: Phase, app_url: str, store: Store, backend: OpenAICom
         try:
             await asyncio.gather(*tasks)
         except asyncio.CancelledError:
-            phase.interrupted = True
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+            raise
         phase.wall_s = time.perf_counter() - started
         phase.cpu_s = cpu.used()
         after = await generation_tokens(backend)
     finally:
         await close_chats(chats)
-    if phase.interrupted:
-        raise asyncio.CancelledError
     replies = [reply for reply in await store.replies(limit=1_000_000, backend=BACKEND_NAME) if reply.id not in seen]
     completed = [reply for reply in replies if reply.status == "completed"]
     phase.completed = min(len(completed), sum(1 for record in records if record.ok))
     phase.errors = [f"{record.outcome}: {(record.error or '')[:200]}" for record in records if not record.ok]
     phase.errors += [f"stored reply {reply.status}: {reply.error}" for reply in replies if reply.status != "completed"]
     phase.output_tokens = sum(reply.output_tokens for reply in replies)
-    phase.ttft_p50_ms = p50_ms([reply.first_token_s for reply in completed if reply.first_token_s is not None])
-    phase.tab_ttft_p50_ms = p50_ms([record.first_token_s for record in records if record.first_token_s is not None])
+    phase.ttft_ms = ms([reply.first_token_s for reply in completed])
+    phase.tab_ttft_ms = ms([record.first_token_s for record in records])
     phase.vllm_generation_tokens = None if None in (before, after) else after - before
     phase.mean_requests_in_flight = in_flight([reply.total_s for reply in replies], phase.wall_s)
-    phase.mean_tabs_waiting = in_flight(spans_s, phase.wall_s)
+    tab_waits_s = [record.reply_s for record in records if record.reply_s]
+    phase.mean_tabs_waiting = in_flight(tab_waits_s, phase.wall_s)
+    if replies and len(tab_waits_s) == len(replies):
+        outside_s = sum(tab_waits_s) - sum(reply.total_s for reply in replies)
+        phase.app_ms_per_reply_outside_request = round(outside_s / len(replies) * 1000, 1)
     return phase
 
 
@@ -295,12 +313,10 @@ class Run:
         phases = [phase for phase in self.phases if phase.path == path and not phase.interrupted]
         tokens = sum(phase.output_tokens for phase in phases)
         wall_s = sum(phase.wall_s for phase in phases)
-        ttfts = [phase.ttft_p50_ms for phase in phases if phase.ttft_p50_ms is not None]
-        tab = [phase.tab_ttft_p50_ms for phase in phases if phase.tab_ttft_p50_ms is not None]
         return {"phases": len(phases), "output_tokens": tokens, "wall_s": wall_s,
                 "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
-                "ttft_p50_ms_median_of_phases": statistics.median(ttfts) if ttfts else None,
-                "tab_ttft_p50_ms_median_of_phases": statistics.median(tab) if tab else None}
+                "ttft_p50_ms": p50([value for phase in phases for value in phase.ttft_ms]),
+                "tab_ttft_p50_ms": p50([value for phase in phases for value in phase.tab_ttft_ms])}
 
     @property
     def ratio(self) -> float | None:
@@ -348,10 +364,14 @@ async def measure(run: Run, vllm_url: str, app_url: str, database_url: str, prom
             bar.set_description(f"phase {number}/{len(order)}: {path}")
             phase = Phase(number, path, len(prompts))
             run.phases.append(phase)
-            if path == "direct":
-                await direct_phase(phase, backend, prompts, sessions, params, model, cpu, lambda: bar.update(1))
-            else:
-                await app_phase(phase, app_url, store, backend, prompts, sessions, cpu, lambda: bar.update(1))
+            try:
+                if path == "direct":
+                    await direct_phase(phase, backend, prompts, sessions, params, model, cpu, lambda: bar.update(1))
+                else:
+                    await app_phase(phase, app_url, store, backend, prompts, sessions, cpu, lambda: bar.update(1))
+            except asyncio.CancelledError:
+                phase.interrupted = True  # not pooled: its wall time and tokens are partial
+                raise
             bar.set_postfix(tokens_per_s=f"{phase.tokens_per_s or 0:.1f}")
     except asyncio.CancelledError:
         run.interrupted = True
@@ -374,8 +394,8 @@ def results_table(run: Run) -> str:
     """The per-phase and pooled figures as a markdown table, then the verdict."""
     lines = ["| phase | path | requests ok | wall s | output tokens | vLLM counter Δ | tokens/s | "
              "TTFT p50 ms (app's clock) | TTFT p50 ms (tab) | in flight at vLLM (tabs waiting) | "
-             "CPU s vLLM / app / bench |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "app ms per reply outside the request | CPU s vLLM / app / bench |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for phase in run.phases:
         cpu = " / ".join(_n(phase.cpu_s.get(name)) for name in ("vllm", "app", "bench"))
         lines.append(f"| {phase.number}{' (interrupted)' if phase.interrupted else ''} | {phase.path} | "
@@ -383,12 +403,13 @@ def results_table(run: Run) -> str:
                      f"{'–' if phase.vllm_generation_tokens is None else f'{phase.vllm_generation_tokens:,}'} | "
                      f"{_n(phase.tokens_per_s)} | {_n(phase.ttft_p50_ms)} | {_n(phase.tab_ttft_p50_ms)} | "
                      f"{_n(phase.mean_requests_in_flight, 2)}"
-                     f"{'' if phase.mean_tabs_waiting is None else f' ({phase.mean_tabs_waiting:.2f})'} | {cpu} |")
+                     f"{'' if phase.mean_tabs_waiting is None else f' ({phase.mean_tabs_waiting:.2f})'} | "
+                     f"{_n(phase.app_ms_per_reply_outside_request, 0)} | {cpu} |")
     for path in PATHS:
         pooled = run.pooled(path)
         lines.append(f"| pooled | {path} | | {_n(pooled['wall_s'])} | {pooled['output_tokens']:,} | | "
-                     f"**{_n(pooled['tokens_per_s'])}** | {_n(pooled['ttft_p50_ms_median_of_phases'])} | "
-                     f"{_n(pooled['tab_ttft_p50_ms_median_of_phases'])} | | |")
+                     f"**{_n(pooled['tokens_per_s'])}** | {_n(pooled['ttft_p50_ms'])} | "
+                     f"{_n(pooled['tab_ttft_p50_ms'])} | | | |")
     lines.append("")
     lines.append(verdict(run))
     return "\n".join(lines)
@@ -439,11 +460,20 @@ def app_env(vllm_url: str, max_new_tokens: int, database_url: str) -> dict[str, 
             "DATABASE_URL": database_url}
 
 
-def start_vllm():
+def start_server(name: str, command: list[str], env: dict[str, str], ready_url: str, timeout_s: float,
+                 started: list[ServerProcess]) -> ServerProcess:
+    """Start a server, noted in `started` at once (so Ctrl-C while it boots still stops it), and wait for it."""
+    server = ServerProcess(name, command, env=env)
+    started.append(server)
+    server.start_serving(ready_url, timeout_s)
+    return server
+
+
+def start_vllm(started: list[ServerProcess]) -> str:
+    """The bundled model on vLLM (CPU recipe of scripts/vllm_launch.py) on a free port; its /v1 URL."""
     from scripts.convert_gguf_to_hf import is_converted
     from scripts.vllm_launch import (BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, convert_bundled_model,
                                      missing_venv_message, server_command, server_env)
-    from tests.servers import ServerProcess, free_port
 
     problem = missing_venv_message()
     if problem:
@@ -451,11 +481,19 @@ def start_vllm():
     if not is_converted(BUNDLED_MODEL_DIR):
         convert_bundled_model()
     port = free_port()
-    server = ServerProcess("app-vs-direct-vllm", server_command(model=BUNDLED_MODEL_DIR,
-                                                                 served_model_name=BUNDLED_MODEL_NAME,
-                                                                 port=port, cpu=True), env=server_env(cpu=True))
-    server.start_serving(f"http://127.0.0.1:{port}/health", VLLM_START_TIMEOUT_S)
-    return server, f"http://127.0.0.1:{port}/v1"
+    command = server_command(model=BUNDLED_MODEL_DIR, served_model_name=BUNDLED_MODEL_NAME, port=port, cpu=True)
+    start_server("app-vs-direct-vllm", command, server_env(cpu=True), f"http://127.0.0.1:{port}/health",
+                 VLLM_START_TIMEOUT_S, started)
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def start_the_app(env: dict[str, str], started: list[ServerProcess]) -> str:
+    """`chainlit run app.py --headless` on a free loopback port, as the tests start it; its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    start_server("app-vs-direct-app", chainlit_command(port), {"CHAINLIT_APP_ROOT": str(REPO), **env}, url + "/",
+                 APP_START_TIMEOUT_S, started)
+    return url
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -486,8 +524,6 @@ def main(argv: list[str] | None = None) -> int:
     except PromptSetError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from tests.fixtures_app import start_app
-
     out = args.out or REPO / "bench" / "results" / f"app-vs-direct-{datetime.now():%Y%m%d-%H%M%S}"
     params = GenerationParams(temperature=0.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
     run = Run({"sessions": args.sessions, "prompts_per_session": args.prompts_per_session,
@@ -495,27 +531,27 @@ def main(argv: list[str] | None = None) -> int:
                "prompt_set": args.prompts, "order": ", ".join(phase_order(args.rounds)),
                "sent": {"temperature": 0.0, "top_p": 1.0, "max_tokens": args.max_new_tokens},
                "vllm_started_here": args.vllm_url is None})
-    vllm_server = app = None
+    started: list[ServerProcess] = []
     database_dir = tempfile.mkdtemp(prefix="app-vs-direct-db-")
     database_url = f"sqlite:///{database_dir}/lab.db"
     try:
         vllm_url = args.vllm_url
         if vllm_url is None:
             print("starting vLLM (about a minute on CPU)...", file=sys.stderr, flush=True)
-            vllm_server, vllm_url = start_vllm()
+            vllm_url = start_vllm(started)
         print("starting the app...", file=sys.stderr, flush=True)
-        app = start_app(app_env(vllm_url, args.max_new_tokens, database_url), name="app-vs-direct-app")
-        run.settings |= {"vllm_url": vllm_url, "app_url": app.url,
+        app_url = start_the_app(app_env(vllm_url, args.max_new_tokens, database_url), started)
+        run.settings |= {"vllm_url": vllm_url, "app_url": app_url,
                          "load_before": [round(x, 2) for x in os.getloadavg()]}
-        asyncio.run(measure(run, vllm_url, app.url, database_url, prompts, args.sessions, params, args.rounds))
+        asyncio.run(measure(run, vllm_url, app_url, database_url, prompts, args.sessions, params, args.rounds))
     except KeyboardInterrupt:
         run.interrupted = True
     except RuntimeError as error:  # a server did not start (ServerProcess says why, with its log)
         run.problem = str(error)
     finally:
-        for server in (app, vllm_server):
-            if server is not None:
-                server.stop()
+        for server in reversed(started):  # the app, then vLLM
+            server.stop()
+        shutil.rmtree(database_dir, ignore_errors=True)
     run.load_average["after"] = [round(x, 2) for x in os.getloadavg()]
     paths = write_results(run, out)
     print()
