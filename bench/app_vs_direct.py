@@ -156,8 +156,9 @@ class Phase:
 class CpuMeter:
     """CPU seconds (user + system) used by named process trees since `start()`."""
 
-    def __init__(self, roots: dict[str, int | None]) -> None:
+    def __init__(self, roots: dict[str, int | None], without_children: set[str] = frozenset()) -> None:
         self.roots = {name: pid for name, pid in roots.items() if pid is not None}
+        self.without_children = without_children
         self._start: dict[str, float] = {}
 
     def _read(self) -> dict[str, float]:
@@ -165,7 +166,7 @@ class CpuMeter:
         for name, pid in self.roots.items():
             total = 0.0
             try:
-                processes = process_tree(pid)
+                processes = [psutil.Process(pid)] if name in self.without_children else process_tree(pid)
             except psutil.NoSuchProcess:
                 continue
             for process in processes:
@@ -341,7 +342,8 @@ async def measure(run: Run, vllm_url: str, app_url: str, database_url: str, prom
     order = phase_order(rounds)
     unique = list({prompt.source: prompt for prompt in prompts}.values())
     bar = tqdm(total=len(unique) + 1 + len(order) * len(prompts), unit="req", dynamic_ncols=True)
-    cpu = CpuMeter({"vllm": port_pid(vllm_url), "app": port_pid(app_url), "bench": os.getpid()})
+    cpu = CpuMeter({"vllm": port_pid(vllm_url), "app": port_pid(app_url), "bench": os.getpid()},
+                   without_children={"bench"})  # the servers may be this process's children
     try:
         model = await backend.model_id()
         await backend.warm_up()
