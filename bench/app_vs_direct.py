@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil  # noqa: E402
 
 from backends.base import GenerationParams  # noqa: E402
+from backends.errors import BackendError  # noqa: E402
 from backends.openai_compat import OpenAICompatBackend  # noqa: E402
 from bench.memory import listening_pid, process_tree  # noqa: E402
 from bench.prompt_sets import BenchPrompt, PromptSetError, cycle, load_prompt_set, prompt_text  # noqa: E402
@@ -379,6 +380,8 @@ async def measure(run: Run, vllm_url: str, app_url: str, database_url: str, prom
         run.interrupted = True
     except ChatFailed as error:
         run.problem = f"a chat could not be opened on the app: {error}"
+    except BackendError as error:  # vLLM down or failing outside a request (requests record their own)
+        run.problem = error.describe()
     finally:
         bar.close()
         await store.aclose()
