@@ -31,14 +31,16 @@ class MemoryReading:
     gpu_note: str
 
 
-def _listening_pid(port: int) -> int | None:
+def listening_pid(port: int) -> int | None:
+    """The process listening on a loopback TCP port, or None."""
     for connection in psutil.net_connections(kind="tcp"):
         if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port:
             return connection.pid
     return None
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants."""
     process = psutil.Process(pid)
     return [process, *process.children(recursive=True)]
 
@@ -80,7 +82,7 @@ def gpu_memory_mib(pids: set[int]) -> tuple[float | None, str]:
 def measure_memory(backend: Backend) -> MemoryReading:
     """The engine's memory now: the embedded model's process, or the local server behind `backend.url`."""
     if backend.kind == "llamacpp":
-        processes = _tree(os.getpid())
+        processes = process_tree(os.getpid())
         note = "this process (the model is loaded in it)"
     else:
         parsed = urlparse(backend.url)
@@ -88,14 +90,14 @@ def measure_memory(backend: Backend) -> MemoryReading:
             return MemoryReading(None, "not measured (remote server)", None, "not measured (remote server)")
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
         try:
-            pid = _listening_pid(port)
+            pid = listening_pid(port)
         except psutil.AccessDenied:
             return MemoryReading(None, "not measured (no permission to list sockets)", None, "not measured")
         if pid is None:
             return MemoryReading(None, f"not measured (no process of ours listens on port {port})", None,
                                  "not measured")
         try:
-            processes = _tree(pid)
+            processes = process_tree(pid)
         except psutil.NoSuchProcess:
             return MemoryReading(None, "not measured (the server exited)", None, "not measured")
         note = f"process {pid} on port {port}" + (f" + {len(processes) - 1} child(ren)" if len(processes) > 1 else "")

@@ -511,7 +511,9 @@ class AsyncChainlitClient:
             for method, path, body in page_load_requests(self.language, self.session_id):
                 async with self._http.request(method, self.base_url + path, json=body) as response:
                     response.raise_for_status()
-        sio = socketio.AsyncClient(http_session=self._http, reconnection=False)
+        # handle_sigint=False: else python-socketio takes over Ctrl-C for the whole program (it disconnects
+        # every client, cancels every task and stops the loop); the program using this client decides.
+        sio = socketio.AsyncClient(http_session=self._http, reconnection=False, handle_sigint=False)
 
         async def on_connect() -> None:
             await sio.emit("connection_successful")

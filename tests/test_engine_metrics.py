@@ -18,6 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from backends import engine_metrics
 from backends.base import ChatMessage, GenerationParams
 from backends.engine_metrics import (
     TGI_SOURCE,
@@ -261,3 +262,13 @@ async def test_tgi_test_server_reports_its_queue_and_batch_live(tgi_backend_fact
     types = {family.name: family.type for family in text_string_to_metric_families(text)}
     assert {name: types.get(name) for name in TGI_TYPES} == TGI_TYPES
     assert (await tgi_server.violations())[violations_before:] == []
+
+
+@pytest.mark.parametrize("recording", ["vllm-0.32-metrics-idle.txt", "vllm-0.32-metrics-busy.txt"])
+def test_reading_only_the_families_used_gives_the_same_snapshot_as_parsing_everything(recording, monkeypatch):
+    text = (RECORDINGS / recording).read_text(encoding="utf-8")
+    read_fast = parse_vllm_metrics(text, taken_at_s=1.0)
+    monkeypatch.setattr(engine_metrics, "_lines_of", lambda text, families: text)
+
+    assert read_fast == parse_vllm_metrics(text, taken_at_s=1.0)
+    assert read_fast.generation_tokens_total is not None and read_fast.time_to_first_token_count is not None
