@@ -250,6 +250,9 @@ async def test_overloaded_server_gives_backend_overloaded(route, tgi_backend_fac
     try:
         await anext(generating)
         await tgi_server.wait_until_held()
+        # The second is held too: it waits behind the first on this one-at-a-time engine, but an engine
+        # that runs both at once (the paced one, a real TGI) would otherwise finish it at once.
+        await tgi_server.set_faults(hold_after_tokens=HOLD_AFTER_TOKENS)
         waiting = asyncio.create_task(anext(queued))
         await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 2), what="two requests in flight")
 
