@@ -66,9 +66,24 @@ class TGITestServer:
 
     async def set_faults(self, **faults: Any) -> None:
         """Arm test faults: fail_after_tokens=N (+ error_type=...), http_status=429 (+ retry_after="7"),
-        corrupt_next_event={"drop": ...} or {"set": {...}}, unhealthy=True/False."""
+        corrupt_next_event={"drop": ...} or {"set": {...}}, unhealthy=True/False,
+        hold_after_tokens=N (the next generation pauses after N tokens until `release_holds()`
+        or its client leaves)."""
         async with httpx.AsyncClient(base_url=self.url, timeout=10) as client:
             (await client.post("/__test__/faults", json=faults)).raise_for_status()
+
+    async def release_holds(self) -> None:
+        """Let every generation paused by hold_after_tokens go on."""
+        await self.set_faults(release_holds=True)
+
+    async def wait_until_held(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """The latest generation, once it is paused by hold_after_tokens (so it is still running,
+        whatever the machine's speed)."""
+        async def held():
+            generations = await self.generations()
+            return generations[-1] if generations and generations[-1]["held"] else None
+
+        return await self.wait_until(held, timeout_s=timeout_s, what="the generation to reach its hold")
 
     async def wait_until(self, predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "") -> Any:
         """Poll an async predicate until it returns something truthy."""

@@ -229,14 +229,19 @@ async def test_tgi_test_server_reports_its_queue_and_batch_live(tgi_backend_fact
     backend = tgi_backend_factory("messages")
     before = await tgi_server.wait_until(lambda: tgi_engine_is(tgi_server, 0, 0), what="an idle engine")
     violations_before = len(await tgi_server.violations())
+    # The first generation is held after a few tokens until the queue has been seen: on a fast
+    # machine it would otherwise finish before the second request is even queued.
+    await tgi_server.set_faults(hold_after_tokens=4)
     generating = prepared_stream(backend, STORY, GenerationParams(temperature=0.0, max_new_tokens=60))
     queued = prepared_stream(backend, STORY, GenerationParams(temperature=0.0, max_new_tokens=8))
     waiting = None
     try:
         await anext(generating)
+        await tgi_server.wait_until_held()
         waiting = asyncio.create_task(anext(queued))
         # The llama.cpp engine generates one request at a time: the second waits in the queue.
         await tgi_server.wait_until(lambda: tgi_engine_is(tgi_server, 1, 1), what="one generating, one queued")
+        await tgi_server.release_holds()
 
         async for _ in generating:
             pass
@@ -244,6 +249,7 @@ async def test_tgi_test_server_reports_its_queue_and_batch_live(tgi_backend_fact
         async for _ in queued:
             pass
     finally:
+        await tgi_server.release_holds()
         if waiting is not None and not waiting.done():
             waiting.cancel()
             with suppress(asyncio.CancelledError, StopAsyncIteration):

@@ -54,38 +54,66 @@ async def test_chinese_streams_without_broken_characters(llama):
         assert "\ufffd" not in piece
 
 
+# Greedy, the bundled model writes 400+ tokens for this: only Stop ends it before its cap.
+LONG_STORY = "Write a very long story about a dragon and a knight."
+
+
 async def test_stop_ends_generation_at_the_next_token(llama):
-    timed = TimedStream(prepared_stream(llama, ask("Write a long story about a robot."),
-                                     GenerationParams(max_new_tokens=400)), backend="l", model="m")
+    cap = 400
+    generated_before = llama.model.generated_tokens_total
+    timed = TimedStream(prepared_stream(llama, ask(LONG_STORY), GenerationParams(temperature=0.0, max_new_tokens=cap)),
+                        backend="l", model="m")
     tokens = 0
     async for chunk in timed:
         tokens += chunk.token_count or 0
         if tokens >= 5:
             break
     started = time.perf_counter()
-    await timed.aclose()  # what Stop does
-    assert time.perf_counter() - started < 1.0
+    await timed.aclose()  # what Stop does: it returns once the worker has let go of the model
+    # Only a safety bound: one token takes ~20 ms here, but seconds when other llama.cpp processes
+    # fight over the cores (seen). The counts below are what shows Stop acted, on any machine.
+    closing_s = time.perf_counter() - started
+    assert closing_s < 15.0, closing_s
     assert llama.model.waiting == 0  # the model is free for the next request
+    # The model's own count: the worker ran ahead of the reader, but stopped long before the cap
+    # (without Stop it would have generated all of them), and nothing is generated afterwards.
+    generated = llama.model.generated_tokens_total - generated_before
+    assert tokens <= generated < cap, generated
+    await asyncio.sleep(0.2)
+    assert llama.model.generated_tokens_total - generated_before == generated
     text, record = await measure(llama, ask("Say hi."), GenerationParams(max_new_tokens=4))
     assert record.output_tokens >= 1
 
 
+async def wait_for_queue_length(llama, length: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while llama.model.waiting != length:
+        assert time.monotonic() < deadline, f"the queue holds {llama.model.waiting}, expected {length}"
+        await asyncio.sleep(0.01)
+
+
 async def test_concurrent_requests_are_served_in_order_with_their_place(llama):
+    """"a" holds the model until its reader lets go (the queue is left when a stream ends, not when
+    its tokens are generated), so "b" and "c" queue behind it however fast the model is."""
     params = GenerationParams(max_new_tokens=12, temperature=0.0)
     finished: list[str] = []
     positions: dict[str, list[int]] = {"a": [], "b": [], "c": []}
 
-    async def run(name: str):
-        async for chunk in prepared_stream(llama, ask(f"Tell me about the letter {name}."), params):
+    async def run(name: str, stream=None):
+        stream = stream or prepared_stream(llama, ask(f"Tell me about the letter {name}."), params)
+        async for chunk in stream:
             if chunk.queue_position:
                 positions[name].append(chunk.queue_position)
         finished.append(name)
 
-    first = asyncio.create_task(run("a"))
-    await asyncio.sleep(0.05)
+    holding = prepared_stream(llama, ask("Tell me about the letter a."), params)
+    first_chunk = await anext(holding)  # "a" has the model and is generating
+    assert not first_chunk.queue_position and llama.model.waiting == 1
     second = asyncio.create_task(run("b"))
-    await asyncio.sleep(0.05)
+    await wait_for_queue_length(llama, 2)
     third = asyncio.create_task(run("c"))
+    await wait_for_queue_length(llama, 3)
+    first = asyncio.create_task(run("a", holding))
     await asyncio.gather(first, second, third)
     assert finished == ["a", "b", "c"]
     assert positions["a"] == [] and positions["b"][0] == 1 and positions["c"][:2] == [2, 1]
@@ -103,10 +131,14 @@ async def test_event_loop_stays_responsive_during_generation(llama):
             worst_lag = max(worst_lag, time.perf_counter() - before - 0.01)
 
     beat = asyncio.create_task(heartbeat())
-    await measure(llama, ask("Describe the sea."), GenerationParams(max_new_tokens=48))
+    _, record = await measure(llama, ask("Write a long story about a robot."),
+                              GenerationParams(temperature=0.0, max_new_tokens=96))
     done.set()
     await beat
-    assert worst_lag < 0.1  # generation runs in a worker thread, never on the loop
+    # Generation on the loop would stall it for the whole decode. Relative to the decode time, so
+    # that holds on a fast machine (short decode) and a loaded one (scheduling hiccups).
+    decode_s = record.last_chunk_s - record.first_token_s
+    assert worst_lag < max(decode_s / 2, 0.005), (worst_lag, decode_s)
 
 
 async def test_prompt_longer_than_the_context_is_rejected_clearly(llama):
@@ -180,7 +212,8 @@ async def test_the_engines_own_timing_rides_beside_ours(llama):
     server = record.server
     assert server.source == "llama.cpp perf counters"
     assert server.input_tokens == await llama.count_prompt_tokens(ask("Describe a forest in two sentences."))
-    # The engine's decode time is inside our first-to-last token span (plus worker hand-off).
-    assert 0 < server.decode_s <= record.last_chunk_s - record.first_token_s + 0.05
+    # The engine's decode time is inside our first-to-last token span, plus the worker hand-off of the
+    # first token (a safety margin: a loaded machine can deliver it late).
+    assert 0 < server.decode_s <= record.last_chunk_s - record.first_token_s + 0.25
     assert server.decode_tokens_per_s and server.decode_tokens_per_s > 0
     assert server.prompt_s is not None and server.prompt_s <= record.first_token_s

@@ -227,7 +227,7 @@ def test_three_users_get_every_reply_whole(load_app: AppServer, paced_server: Pa
         assert record.text == paced_reply_text(40, marker)
         assert markers[marker] == record.prompt  # each reply answers its own message
         assert record.sent_at_s < record.first_token_at_s <= record.final_update_at_s <= record.completed_at_s
-        assert record.first_token_s < 5.0
+        assert record.first_token_s < 15.0  # a safety bound: ~0.1 s here when idle, seconds under load
 
 
 @pytest.mark.slow

@@ -4,9 +4,10 @@ Two paced servers whose true send times are recorded (the OpenAI-protocol one,
 for kinds "openai" and "vllm", and the TGI-protocol one with its paced engine,
 for both TGI routes) stream at a known pace. For every kind, the backend +
 timing path must give a TTFT just above the server's first send, the server's
-decode rate and its exact token count. The bounds here are generous safety
-bounds (a loaded CI machine); `bench/measurement_parity.py` measures the tight
-figures that go into the README.
+decode rate and its exact token count. Every attempt must meet generous safety
+bounds (a loaded CI machine) and the best of three the tighter ones, which a
+systematic bias would miss in every attempt; `bench/measurement_parity.py`
+measures the tight figures that go into the README.
 """
 
 from __future__ import annotations
@@ -25,9 +26,14 @@ RATE_TOKENS_PER_S = 100.0
 TOKENS = 30
 FIRST_TOKEN_S = 0.05
 KINDS = ["openai", "vllm", "tgi-messages", "tgi-generate"]
-# Safety bounds; the benchmark's goal is +15 ms (or 5 %) and 2 %.
+# The benchmark's goal is +15 ms (or 5 %) and 2 %. A bias in the measurement shows in every attempt,
+# a busy machine's scheduling hiccup in one: the best of three attempts must meet these bounds...
 MAX_TTFT_BIAS_S = 0.06
 RATE_TOLERANCE = 0.10
+ITL_MEDIAN_TOLERANCE = 0.5
+# ...and every attempt these generous safety bounds (a loaded CI machine).
+MAX_TTFT_BIAS_ANY_S = 0.5
+RATE_TOLERANCE_ANY = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -84,22 +90,28 @@ def ttft_bias_s(record: RequestRecord, sent: dict) -> float:
 async def test_shown_figures_match_the_servers_send_times(kind, backend_of, paced_openai, paced_tgi):
     backend = backend_of(kind)
     params = GenerationParams(temperature=0.7, top_p=0.9, max_new_tokens=TOKENS)
+    biases, rate_errors, itl_errors = [], [], []
     for attempt in range(3):
         text, record = await measure(backend, [ChatMessage("user", f"Attempt {attempt}: count.")], params)
         sent = await server_send_times(kind, paced_openai, paced_tgi)
         assert text.split()[:2] in (["w1", "w2"],) and len(text.split()) == TOKENS, text
         # TTFT: at least the server's own, at most a little above it.
         bias = ttft_bias_s(record, sent)
-        assert -0.002 < bias < MAX_TTFT_BIAS_S, f"{kind}: TTFT {bias * 1000:.1f} ms above the server's own"
+        assert -0.002 < bias < MAX_TTFT_BIAS_ANY_S, f"{kind}: TTFT {bias * 1000:.1f} ms above the server's own"
+        biases.append(bias)
         assert record.first_token_s >= FIRST_TOKEN_S
         # Decode rate: the server's own pace between its first and last send.
         server_rate = (sent["tokens_sent"] - 1) / (sent["last_token_sent_at_s"] - sent["first_token_sent_at_s"])
-        assert record.decode_tokens_per_s == pytest.approx(server_rate, rel=RATE_TOLERANCE), kind
+        rate_errors.append(abs(record.decode_tokens_per_s / server_rate - 1))
+        assert rate_errors[-1] < RATE_TOLERANCE_ANY, (kind, record.decode_tokens_per_s, server_rate)
         # Token count: exact, and the server's.
         assert record.tokens_exact and record.count_disagreement is None
         assert record.output_tokens == sent["tokens_sent"] == TOKENS
         assert record.itl is not None and record.itl.count == TOKENS - 1
-        assert record.itl.median_ms == pytest.approx(1000 / RATE_TOKENS_PER_S, rel=0.5)
+        itl_errors.append(abs(record.itl.median_ms / (1000 / RATE_TOKENS_PER_S) - 1))
+    assert min(biases) < MAX_TTFT_BIAS_S, f"{kind}: TTFT {min(biases) * 1000:.1f} ms above the server's own at best"
+    assert min(rate_errors) < RATE_TOLERANCE, (kind, rate_errors)
+    assert min(itl_errors) < ITL_MEDIAN_TOLERANCE, (kind, itl_errors)
 
 
 @pytest.mark.parametrize("kind", ["openai", "vllm"])

@@ -6,9 +6,9 @@ user presses Chainlit's Stop button, is the engine still generating?
 
 - the embedded llama.cpp model (in the app's process): its own counts from
   GET /lab/state - generating 1 before Stop, 0 shortly after, and the tokens
-  it generated stop growing, far below max new tokens;
+  it generated stop growing, below max new tokens;
 - the real vLLM server: `vllm:num_requests_running` 1 before Stop and 0
-  after, `vllm:generation_tokens_total` grown by far fewer than the cap;
+  after, `vllm:generation_tokens_total` grown by fewer than the cap;
 - the TGI-protocol test server, on the Messages API and on the native
   `/generate_stream` route: the generation was running and is recorded as
   cancelled.
@@ -34,11 +34,13 @@ from tests.test_vllm_backend import engine_state
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 MAX_NEW_TOKENS = 1024
-# Greedy, the bundled model writes 400+ tokens for this; the cap is what would end it.
+# Greedy, the bundled model writes past 1024 tokens for this (measured on llama.cpp): the cap is
+# what would end it, so a reply Stop did not end generates exactly MAX_NEW_TOKENS.
 LONG_PROMPT = "Write a very long story about a dragon and a knight."
-# Stop is pressed a few words in; the engine may run on for the time the click takes to
-# reach it (a second or two on a loaded machine). Far below the cap either way.
-FAR_FEWER = MAX_NEW_TOKENS // 4
+# Stop is pressed a few words in; the engine runs on for the time the click takes to reach it
+# (a second or two on a loaded machine; on a fast one that is many more tokens), so the bound is
+# "ended before the cap", not a token count that a faster engine would pass.
+BELOW_THE_CAP = MAX_NEW_TOKENS
 ENGINE_STOP_TIMEOUT_S = 10.0
 TGI_BACKENDS = {"messages": ("tgi_chat", "TGI Messages API", "/v1/chat/completions"),
                 "generate": ("tgi_native", "TGI native", "/generate_stream")}
@@ -128,7 +130,7 @@ def test_stop_ends_the_embedded_generation(page: Page, stop_app: AppServer):
     after = poll(lambda: embedded_counts(stop_app), lambda c: c["generating"] == 0 and c["waiting"] == 0,
                  what="the embedded model after Stop")
     generated = after["generated_tokens_total"] - before["generated_tokens_total"]
-    assert shown_tokens(final) <= generated < FAR_FEWER, (final["tokens"], generated)
+    assert shown_tokens(final) <= generated < BELOW_THE_CAP, (final["tokens"], generated)
     # And it stays stopped: no token is generated after the worker let go.
     time.sleep(1.0)
     assert embedded_counts(stop_app) == after
@@ -149,7 +151,7 @@ def test_stop_ends_the_request_on_the_real_vllm_server(page: Page, vllm_stop_app
     after = poll(lambda: engine_state(root), lambda state: state.running_requests == 0,
                  what="vllm:num_requests_running after Stop")
     generated = after.generation_tokens_total - before.generation_tokens_total
-    assert shown_tokens(final) <= generated < FAR_FEWER, (final["tokens"], generated)
+    assert shown_tokens(final) <= generated < BELOW_THE_CAP, (final["tokens"], generated)
 
 
 @pytest.mark.parametrize("route", list(TGI_BACKENDS))
@@ -171,7 +173,7 @@ def test_stop_cancels_the_generation_on_the_tgi_server(page: Page, stop_app: App
     (ended,) = poll(mine, lambda generations: generations[0]["status"] != "running",
                     what="the TGI server's generation after Stop")
     assert ended["status"] == "cancelled", ended
-    assert shown_tokens(final) <= ended["generated_tokens"] < FAR_FEWER, (final["tokens"], ended)
+    assert shown_tokens(final) <= ended["generated_tokens"] < BELOW_THE_CAP, (final["tokens"], ended)
     assert ended["max_new_tokens"] == MAX_NEW_TOKENS
     poll(lambda: run_coroutine(tgi_server.in_flight()), lambda count: count == 0, what="requests in flight")
     assert run_coroutine(tgi_server.violations())[violations_before:] == []

@@ -48,6 +48,9 @@ LONG_REPLY = [ChatMessage("user", "Write a very long story about a dragon and a 
 TOO_LONG = [ChatMessage("user", "word " * (TGI_MAX_INPUT_TOKENS + 200))]
 SHORT = GenerationParams(temperature=0.0, max_new_tokens=8)
 LONG = GenerationParams(temperature=0.0, max_new_tokens=300)
+# Tests that need a generation still running hold it here (the server's hold_after_tokens fault):
+# a fast machine would otherwise finish LONG before the test looks.
+HOLD_AFTER_TOKENS = 8
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -237,13 +240,19 @@ async def in_flight_is(tgi_server, count: int) -> bool:
 
 @pytest.mark.parametrize("route", ROUTES)
 async def test_overloaded_server_gives_backend_overloaded(route, tgi_backend_factory, tgi_server):
-    """Two requests hold the server's two slots (one generating, one queued); a third is refused."""
+    """Two requests hold the server's two slots (one generating, one queued); a third is refused.
+    The first generation is held after a few tokens, so both slots stay taken however fast the model is."""
     backend = tgi_backend_factory(route)
+    await tgi_server.set_faults(hold_after_tokens=HOLD_AFTER_TOKENS)
     generating = prepared_stream(backend, LONG_REPLY, LONG)
     queued = prepared_stream(backend, LONG_REPLY, LONG)
     waiting = None
     try:
         await anext(generating)
+        await tgi_server.wait_until_held()
+        # The second is held too: it waits behind the first on this one-at-a-time engine, but an engine
+        # that runs both at once (the paced one, a real TGI) would otherwise finish it at once.
+        await tgi_server.set_faults(hold_after_tokens=HOLD_AFTER_TOKENS)
         waiting = asyncio.create_task(anext(queued))
         await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 2), what="two requests in flight")
 
@@ -257,6 +266,7 @@ async def test_overloaded_server_gives_backend_overloaded(route, tgi_backend_fac
                 await waiting
         await queued.aclose()
         await generating.aclose()
+        await tgi_server.release_holds()
     await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 0), what="the slots to be released")
 
 
@@ -423,21 +433,30 @@ async def test_lora_adapter_is_passed_the_way_tgi_expects(route, tgi_backend_fac
 
 @pytest.mark.parametrize("route", ROUTES)
 async def test_closing_the_stream_stops_generation_on_the_server(route, tgi_backend_factory, tgi_server):
+    """The generation is held after a few tokens: still running when the stream is closed, on any machine.
+    Only the client going away ends it (a release never comes), so "cancelled" shows the close reached it."""
     backend = tgi_backend_factory(route)
+    await tgi_server.set_faults(hold_after_tokens=HOLD_AFTER_TOKENS)
     stream = prepared_stream(backend, LONG_REPLY, LONG)
-    received = [await anext(stream) for _ in range(3)]
-    assert "".join(chunk.text for chunk in received).strip()
+    try:
+        received = [await anext(stream) for _ in range(3)]
+        assert "".join(chunk.text for chunk in received).strip()
+        held = await tgi_server.wait_until_held()
+        assert held["status"] == "running" and held["path"] == ROUTE_PATHS[route]
 
-    await stream.aclose()
+        await stream.aclose()
 
-    async def cancelled():
-        last = (await tgi_server.generations())[-1]
-        return last if last["status"] != "running" else None
+        async def cancelled():
+            last = (await tgi_server.generations())[-1]
+            return last if last["status"] != "running" else None
 
-    last = await tgi_server.wait_until(cancelled, timeout_s=15, what="the server to stop generating")
-    assert last["status"] == "cancelled" and last["path"] == ROUTE_PATHS[route]
-    assert 3 <= last["generated_tokens"] < LONG.max_new_tokens
-    await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 0), what="the slot to be released")
+        last = await tgi_server.wait_until(cancelled, timeout_s=30, what="the server to stop generating")
+        assert last["status"] == "cancelled" and last["path"] == ROUTE_PATHS[route]
+        assert 3 <= last["generated_tokens"] <= HOLD_AFTER_TOKENS + 1
+        await tgi_server.wait_until(lambda: in_flight_is(tgi_server, 0), what="the slot to be released")
+    finally:
+        await stream.aclose()
+        await tgi_server.release_holds()
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -455,13 +474,20 @@ async def test_one_kept_connection_carries_request_after_request(route, tgi_back
 async def test_stop_on_the_kept_client_cancels_on_the_server_and_the_next_request_works(
         route, tgi_backend_factory, tgi_server):
     backend = tgi_backend_factory(route)
+    await tgi_server.set_faults(hold_after_tokens=HOLD_AFTER_TOKENS)  # still running at Stop, on any machine
     stream = prepared_stream(backend, LONG_REPLY, LONG)
-    for _ in range(3):
-        await anext(stream)
-    await stream.aclose()  # the UI's Stop
-    generation = await tgi_server.wait_until(
-        lambda: last_generation_with_status(tgi_server, "cancelled"), what="the generation to be cancelled")
-    assert generation["generated_tokens"] < LONG.max_new_tokens
+    try:
+        for _ in range(3):
+            await anext(stream)
+        await tgi_server.wait_until_held()
+        await stream.aclose()  # the UI's Stop
+        generation = await tgi_server.wait_until(
+            lambda: last_generation_with_status(tgi_server, "cancelled"), timeout_s=30,
+            what="the generation to be cancelled")
+    finally:
+        await stream.aclose()
+        await tgi_server.release_holds()
+    assert generation["generated_tokens"] <= HOLD_AFTER_TOKENS + 1
     text, record = await measure(backend, QUESTION, SHORT)
     assert text.strip() and record.status == "completed"
     assert (await tgi_server.generations())[-1]["status"] == "completed"

@@ -146,11 +146,14 @@ async def test_closing_the_stream_aborts_the_request_on_the_server(vllm):
 
     closed_at = time.monotonic()
     while await asyncio.to_thread(metric_value, root, "vllm:num_requests_running") != 0:
-        assert time.monotonic() - closed_at < 5, "vLLM kept generating after the client closed"
+        # Safety bound: the whole reply would take ~100 s here.
+        assert time.monotonic() - closed_at < 15, "vLLM kept generating after the client closed"
         await asyncio.sleep(0.1)
     generated = await asyncio.to_thread(metric_value, root, "vllm:generation_tokens_total") - generated_before
-    # 1000 tokens were allowed; an aborted request stops within a few decode steps of the close.
-    assert 3 <= generated < 100
+    # Greedy, this prompt counts on past the 1000-token cap, so a request that was not aborted ends
+    # at exactly 1000. How far below depends on the machine's speed (a few dozen here, more on a GPU
+    # in the moment the close takes), so the cap is the bound.
+    assert 3 <= generated < 1000
 
 
 @pytest.mark.vllm

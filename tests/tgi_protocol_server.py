@@ -62,7 +62,12 @@ Test-only routes (not part of TGI):
   `"retry_after": "7"` beside it adds that `Retry-After` header;
   `{"corrupt_next_event": {"drop": "token"}}` (or `{"set": {"token.id": "5"}}`)
   breaks the next SSE event of a stream, so a test sees the contract check
-  record it; `{"unhealthy": true}` makes /health answer 503.
+  record it; `{"unhealthy": true}` makes /health answer 503;
+  `{"hold_after_tokens": N}` makes the next generation pause after its N-th
+  token (its record says `held`) until `{"release_holds": true}` is posted or
+  its client goes away, so a test can find a generation still running (or
+  still queued behind it) however fast the machine is; a hold ends by itself
+  after HOLD_LIMIT_S, so a forgotten one cannot hang a run.
 - Each generation records when its first and last token events were handed
   to the transport (`time.time()`), and each request the client's port (to
   see whether a client kept its connection).
@@ -239,6 +244,11 @@ class GenerationRecord:
     first_token_sent_at_s: float | None = None
     last_token_sent_at_s: float | None = None
     tokens_sent: int = 0
+    held: bool = False  # paused by the hold_after_tokens fault right now
+
+
+# The longest a hold_after_tokens fault pauses a generation nobody releases.
+HOLD_LIMIT_S = 120.0
 
 
 @dataclass
@@ -251,6 +261,23 @@ class Job:
     # time.monotonic() when it was queued and when a worker took it: TGI's queue and inference times.
     queued_at_s: float = field(default_factory=time.monotonic)
     running_at_s: float | None = None
+    hold_after_tokens: int | None = None
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def hold_if_due(self, count: int) -> float:
+        """The hold_after_tokens fault: after token `count`, wait for a release or the client leaving.
+        Returns the seconds held."""
+        if count != self.hold_after_tokens:
+            return 0.0
+        started = time.monotonic()
+        self.record.held = True
+        try:
+            deadline = started + HOLD_LIMIT_S
+            while not (self.released.is_set() or self.cancelled.is_set()) and time.monotonic() < deadline:
+                self.released.wait(0.02)
+        finally:
+            self.record.held = False
+        return time.monotonic() - started
 
 
 class Engine:
@@ -371,6 +398,7 @@ class Engine:
             emit(("token", TokenOut(token_id, text, logprob, special), finish_reason, generated_text))
             if finish_reason is not None:
                 return
+            job.hold_if_due(count)
 
 
 class PacedEngine:
@@ -432,6 +460,8 @@ class PacedEngine:
                 record.status = "completed"
             emit(("token", TokenOut(index + 1, text, 0.0, False), "length" if last else None,
                   "".join(parts) if last else None))
+            if not last:
+                start += job.hold_if_due(index + 1)  # later tokens move by as long as the hold lasted
 
 
 # ---------------------------------------------------------------- metrics
@@ -591,6 +621,7 @@ class TGIProtocolServer:
         self.requests: list[dict[str, Any]] = []
         self.generations: list[GenerationRecord] = []
         self.faults: dict[str, Any] = {}
+        self.held_jobs: list[Job] = []  # generations given a hold_after_tokens fault, until released
         self.metrics = ServerMetrics(limits.max_total_tokens)
         self._ids = itertools.count(1)
 
@@ -746,6 +777,9 @@ class TGIProtocolServer:
         if self.faults.get("fail_after_tokens") is not None:
             job.fail_after_tokens = int(self.faults.pop("fail_after_tokens"))
             job.fail_error_type = self.faults.pop("error_type", "generation")
+        if self.faults.get("hold_after_tokens") is not None:
+            job.hold_after_tokens = int(self.faults.pop("hold_after_tokens"))
+            self.held_jobs.append(job)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -1106,6 +1140,10 @@ class TGIProtocolServer:
         payload = await request.json()
         if not isinstance(payload, dict):
             return JSONResponse({"error": "send a JSON object"}, status_code=400)
+        if payload.pop("release_holds", False):
+            for job in self.held_jobs:
+                job.released.set()
+            self.held_jobs.clear()
         self.faults.update(payload)
         return JSONResponse(self.faults)
 
