@@ -185,16 +185,21 @@ def test_reply_streams_with_live_figures_then_final(page: Page, lab_app: AppServ
     step_id = new_reply_id(page, None)
     snapshots = watch_reply(page, step_id)
 
+    final = snapshots[-1]
     live = [s for s in snapshots if s["state"] == "streaming" and number(s["tokens"])]
     readings = {(s["tokens"], s["elapsed"]) for s in live}
-    assert len(readings) >= 3, f"expected several distinct live readings, saw {readings}"
+    # The figures refresh ~10 times a second: here (tens of tokens/s) the stream lasts seconds and
+    # shows many readings; a machine fast enough to stream the whole reply in a blink shows fewer,
+    # so the count asked for follows the stream's own length (the paced test below holds the pace).
+    stream_ms = duration_ms(final["elapsed"]) - duration_ms(final["ttft"])
+    expected = max(1, min(3, int(stream_ms // 250)))
+    assert len(readings) >= expected, f"a {stream_ms:.0f} ms stream showed only {readings}"
     tokens_seen = [number(s["tokens"]) for s in live]
-    assert tokens_seen == sorted(tokens_seen) and tokens_seen[-1] > tokens_seen[0], tokens_seen
+    assert tokens_seen == sorted(tokens_seen) and (expected == 1 or tokens_seen[-1] > tokens_seen[0]), tokens_seen
     elapsed_seen = [duration_ms(s["elapsed"]) for s in live]
-    assert elapsed_seen == sorted(elapsed_seen) and elapsed_seen[-1] > elapsed_seen[0], elapsed_seen
-    assert any(0 < len(s["text"]) < len(snapshots[-1]["text"]) for s in live), "the text did not stream"
+    assert elapsed_seen == sorted(elapsed_seen) and (expected == 1 or elapsed_seen[-1] > elapsed_seen[0])
+    assert any(0 < len(s["text"]) < len(final["text"]) for s in live), "the text did not stream"
 
-    final = snapshots[-1]
     assert_final_figures(final, backend=LLAMA_LABEL, model_part="SmolLM2")
     assert final["status"] == "done"
     assert final["text"].strip()

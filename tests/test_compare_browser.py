@@ -241,7 +241,12 @@ def test_stop_ends_every_columns_request_and_keeps_the_partial_texts(
     while metric_value(root, "vllm:num_requests_running") != 0:
         assert time.monotonic() < deadline, "vLLM kept generating after Stop"
         time.sleep(0.2)
-    generation = run(tgi_server.generations())[-1]
+    async def tgi_ended():
+        # The server sees the closed connection when it next tries to send: poll, do not race it.
+        latest = (await tgi_server.generations())[-1]
+        return latest if latest["status"] != "running" else None
+
+    generation = run(tgi_server.wait_until(tgi_ended, timeout_s=15, what="TGI to end the generation after Stop"))
     assert generation["status"] == "cancelled" and generation["generated_tokens"] < 1024
     assert all(int(c["tokens"].rstrip(" ≈")) < 1024 for c in final["columns"])
 
