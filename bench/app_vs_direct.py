@@ -269,14 +269,7 @@ async def app_phase(phase: Phase, app_url: str, store: Store, backend: OpenAICom
                 tick()
 
         started = time.perf_counter()
-        tasks = [asyncio.create_task(tab()) for _ in range(sessions)]
-        try:
-            await asyncio.gather(*tasks)
-        except asyncio.CancelledError:
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
-            raise
+        await asyncio.gather(*(tab() for _ in range(sessions)))  # Ctrl-C: every tab ends first
         phase.wall_s = time.perf_counter() - started
         phase.cpu_s = cpu.used()
         after = await generation_tokens(backend)

@@ -114,15 +114,11 @@ async def run_level(
             on_done(outcome)
 
     started = time.perf_counter()
-    tasks = [asyncio.create_task(one(index)) for index in range(requests)]
     interrupted = False
     try:
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(one(index) for index in range(requests)))  # cancelled: each ends first
     except asyncio.CancelledError:
         interrupted = True
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
     duration_s = time.perf_counter() - started
     ordered = tuple(sorted(outcomes, key=lambda outcome: outcome.index))
     return LevelResult(backend.name, backend.label, model, concurrency, ordered, duration_s, interrupted)

@@ -40,6 +40,11 @@ THREAD_KINDS = (
 TASK_KINDS = (
     ("clear_on_timeout", "kept_sessions"),  # chainlit.socket: frees a session after session_timeout
     ("_send_ping", "socket_pings"),  # engine.io: one per socket, ends after the socket closed
+    # A reply being generated (Chainlit's message handler) and its parts (chat/live.py, chat/rounds.py):
+    # they end when the reply does, also for a student who has left (the queue still serves them).
+    ("process_message", "replies"),
+    ("LiveReply.", "reply_parts"),
+    ("RoundRun.", "reply_parts"),
 )
 
 

@@ -184,14 +184,8 @@ class RoundRun:
                         self._stop_unstarted(later)
                     raise
         else:
-            tasks = [asyncio.create_task(self._stream(column)) for column in self.columns]
-            try:
-                await asyncio.gather(*tasks)
-            except asyncio.CancelledError:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.wait(tasks)
-                raise
+            # A cancelled gather cancels every column and ends only after each one has finished its clean-up.
+            await asyncio.gather(*(self._stream(column) for column in self.columns))
 
     def _stop_unstarted(self, column: Column) -> None:
         if column.state == "waiting":

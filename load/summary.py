@@ -193,6 +193,7 @@ def read_results(folder: Path, users: int) -> Summary:
 # engine.io's ping tasks (they end within a ping interval), and pooled threads, database
 # connections and files (bounded by their pools); see chat/ops.py.
 LEAK_COUNTS = (("threads", "threads_by_kind", "other"), ("tasks", "tasks_by_kind", "other"),
+               ("replies still generating", "tasks_by_kind", "replies"),
                ("files", "open_files_by_kind", "other"), ("backend connections", "backend_connections", None),
                ("client connections", "client_connections", None))
 

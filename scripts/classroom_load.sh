@@ -178,6 +178,19 @@ done
 locust_status=0
 wait "$locust_pid" || locust_status=$?
 [ "$locust_status" = 0 ] || { tail -n 30 "$results/locust.log" >&2; fail "Locust exited with $locust_status (log: $results/locust.log)"; }
+# Replies of students who left mid-reply (or whose message was still queued) are still generated:
+# wait for them, bounded, before counting what the app holds after the run.
+drain_s=${LOAD_DRAIN_S:-180}
+drain_started=$SECONDS
+while :; do
+  replies=$(curl -sf "$host/lab/state" | "$LOAD_PY" -c 'import json,sys; print(json.load(sys.stdin)["tasks_by_kind"]["replies"])' 2>/dev/null || echo "?")
+  case "$replies" in 0|"?") break ;; esac  # "?": the app does not answer /lab/state
+  if [ $((SECONDS - drain_started)) -ge "$drain_s" ]; then
+    step "Still generating $replies replies after ${drain_s} s; counting anyway"; break
+  fi
+  [ $(((SECONDS - drain_started) % 15)) = 0 ] && step "Waiting for $replies replies still being generated (students who left)"
+  sleep 1
+done
 sleep "${LOAD_SETTLE_S:-10}"  # sockets closed; pooled backend connections expire after 5 s idle
 curl -sf "$host/lab/state" > "$results/state-after.json" || rm -f "$results/state-after.json"
 stop_all

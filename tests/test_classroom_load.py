@@ -99,6 +99,9 @@ def test_app_state_lines_flag_what_stayed_higher_after_the_students_left():
               "backend_connections": 2}
     line = state_lines(before, leaked)[0]
     assert "LEAK? higher after the run: tasks, backend connections" in line and "tasks 3 -> 40" in line
+    # A reply still being generated when the counts were taken (the run's drain wait gave up) is named.
+    generating = {**pooled, "tasks_by_kind": {**pooled["tasks_by_kind"], "replies": 2, "reply_parts": 2}}
+    assert "LEAK? higher after the run: replies still generating" in state_lines(before, generating)[0]
     assert "not read" in state_lines(None, before)[0]
 
 
