@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
+from aio import run_together  # noqa: E402
 from backends.base import GenerationParams  # noqa: E402
 from backends.errors import BackendError  # noqa: E402
 from backends.openai_compat import OpenAICompatBackend  # noqa: E402
@@ -269,7 +270,7 @@ async def app_phase(phase: Phase, app_url: str, store: Store, backend: OpenAICom
                 tick()
 
         started = time.perf_counter()
-        await asyncio.gather(*(tab() for _ in range(sessions)))  # Ctrl-C: every tab ends first
+        await run_together(tab() for _ in range(sessions))
         phase.wall_s = time.perf_counter() - started
         phase.cpu_s = cpu.used()
         after = await generation_tokens(backend)

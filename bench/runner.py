@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from aio import run_together
 from backends.base import Backend, GenerationParams
 from backends.errors import BackendError
 from backends.watchdog import watched
@@ -116,7 +117,7 @@ async def run_level(
     started = time.perf_counter()
     interrupted = False
     try:
-        await asyncio.gather(*(one(index) for index in range(requests)))  # cancelled: each ends first
+        await run_together(one(index) for index in range(requests))
     except asyncio.CancelledError:
         interrupted = True
     duration_s = time.perf_counter() - started

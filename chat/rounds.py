@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Literal, Mapping, Sequence
 from urllib.parse import urlparse
 
+from aio import run_together
 from backends.base import Backend
 from backends.errors import BackendError
 from chat.engines import state_summary
@@ -184,8 +185,7 @@ class RoundRun:
                         self._stop_unstarted(later)
                     raise
         else:
-            # A cancelled gather cancels every column and ends only after each one has finished its clean-up.
-            await asyncio.gather(*(self._stream(column) for column in self.columns))
+            await run_together(self._stream(column) for column in self.columns)
 
     def _stop_unstarted(self, column: Column) -> None:
         if column.state == "waiting":
@@ -211,11 +211,13 @@ class RoundRun:
         except asyncio.CancelledError:
             status = "stopped"
         finally:
-            await timed.aclose()
-            column.record = timed.finish(status, error=failure.describe() if failure else None)
-            column.error = failure
-            column.state = status
-            self._changed.set()
+            try:
+                await timed.aclose()
+            finally:  # even if closing is cut short, the column ends with its figures
+                column.record = timed.finish(status, error=failure.describe() if failure else None)
+                column.error = failure
+                column.state = status
+                self._changed.set()
         if status == "stopped":
             raise asyncio.CancelledError
 

@@ -20,6 +20,7 @@ class FakeReply:
     words: Sequence[str]
     interval_s: float = 0.01
     fail_after: int | None = None
+    close_s: float = 0.0  # how long closing the stream takes (the embedded model's worker finishing its step)
 
 
 @dataclass
@@ -62,6 +63,8 @@ class FakeBackend:
                 yield StreamChunk(text=word, token_count=1)
             yield StreamChunk(token_count=0, finish_reason="stop")
         finally:
+            if reply.close_s:
+                await asyncio.sleep(reply.close_s)
             self.closed += 1
             self.ended_at.append(loop.time())
 

@@ -58,6 +58,12 @@ def test_the_cli_measures_three_engines_and_writes_four_consistent_files(tmp_pat
     assert "Not measured: down" in table
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """A shell that starts a job in the background (`cmd &`, as a CI runner may) hands it SIGINT
+    ignored, and Python then never raises KeyboardInterrupt; a person's terminal does not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_writes_what_was_measured_so_far(tmp_path):
     paced = start_paced_server(rate_tokens_per_s=20, tokens=60, name="paced-bench-interrupt")
     try:
@@ -65,7 +71,7 @@ def test_ctrl_c_writes_what_was_measured_so_far(tmp_path):
         process = subprocess.Popen([sys.executable, "-m", "bench", "--concurrency", "1,4", "--requests", "4",
                                     "--max-new-tokens", "60", "--warmup", "0", "--output", str(tmp_path)],
                                    cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+                                   stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_in_a_terminal)
         deadline = time.monotonic() + 60
         while len(paced.requests()) < 2:  # the first request finished, the second is running
             assert time.monotonic() < deadline and process.poll() is None, "the benchmark did not start"

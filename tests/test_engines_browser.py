@@ -148,7 +148,7 @@ def test_only_teachers_may_load_the_engines_and_one_simulation_runs_at_a_time(ch
         teacher.locator('[data-testid="simulate-16"]').click()
         expect(teacher.locator('[data-testid="simulation"]')).to_be_visible(timeout=30_000)
         teacher.locator('[data-testid="simulate-2"]').click()
-        expect(teacher.locator(".step", has_text="already running")).to_be_visible(timeout=30_000)
+        expect(teacher.locator(".step", has_text="already running").last).to_be_visible(timeout=30_000)
         command(teacher, "/engines")  # re-opening the panel keeps working while the simulation runs
         expect(teacher.locator('[data-testid="engines"]')).to_have_count(2, timeout=30_000)
         teacher.locator('[data-testid="close-panel"]').last.click()

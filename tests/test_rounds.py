@@ -127,8 +127,11 @@ async def test_a_failing_or_unreachable_backend_breaks_only_its_own_column():
 
 
 @pytest.mark.parametrize("order", ["concurrent", "sequential"])
-async def test_stop_ends_every_columns_request_and_keeps_the_partial_text(order):
-    a = FakeBackend("a", replies=[FakeReply(WORDS, 0.05)])
+@pytest.mark.parametrize("close_s", [0.0, 0.3], ids=["quick-close", "one-slow-close"])
+async def test_stop_ends_every_columns_request_and_keeps_the_partial_text(order, close_s):
+    """One column whose stream takes a while to close (as the embedded model's does) must still
+    end 'stopped' with its record before the round is final."""
+    a = FakeBackend("a", replies=[FakeReply(WORDS, 0.05, close_s=close_s)])
     b = FakeBackend("b", replies=[FakeReply(WORDS, 0.05)])
     columns = await columns_for(fake_state(a, b), ("a", "b"))
     run = RoundRun(columns, order, Renders())
