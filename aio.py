@@ -6,22 +6,22 @@ from typing import Any, Coroutine, Iterable
 
 
 async def run_together(coroutines: Iterable[Coroutine[Any, Any, Any]]) -> list[Any]:
-    """Run the coroutines at once and return their results in order.
+    """Run the coroutines at once; once every one has ended, return their results in order
+    (or raise the first one's exception, in order).
 
-    If the caller is cancelled (the person's Stop, Ctrl-C in a benchmark), every one is cancelled
-    and each has finished its own clean-up (closing its stream, recording its figures) before the
-    cancellation goes on. A plain `gather` hands the cancellation on as soon as the first one has
-    ended, while the others may still be closing their streams; cancelling them again then would
-    interrupt that closing."""
+    If the caller is cancelled (the person's Stop, Ctrl-C in a benchmark), each one is cancelled
+    once and has finished its own clean-up (closing its stream, recording its figures) before the
+    cancellation goes on. `asyncio.gather` does neither: cancelled, it hands the cancellation on
+    as soon as the first one has ended, and cancelling the others again then cuts their clean-up
+    short."""
     tasks = [asyncio.create_task(coroutine) for coroutine in coroutines]
+    if not tasks:
+        return []
     try:
-        return await asyncio.gather(*tasks)
+        await asyncio.wait(tasks)  # waiting is cancelled, the tasks are not
     except asyncio.CancelledError:
         for task in tasks:
-            # The cancelled gather has already asked each one to stop: a second cancel would cut a
-            # clean-up short (a stream half closed, its figures never recorded).
-            if not task.done() and not task.cancelling():
-                task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+            task.cancel()
+        await asyncio.wait(tasks)
         raise
+    return [task.result() for task in tasks]

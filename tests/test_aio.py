@@ -36,3 +36,19 @@ async def test_cancelling_the_caller_waits_for_every_clean_up_before_it_goes_on(
     with pytest.raises(asyncio.CancelledError):
         await caller
     assert cleaned_up == ["quick", "slow"]
+
+
+async def test_a_failure_is_raised_once_every_one_has_ended():
+    ended = []
+
+    async def fails() -> None:
+        raise ValueError("broken column")
+
+    async def slow() -> str:
+        await asyncio.sleep(0.1)
+        ended.append("slow")
+        return "done"
+
+    with pytest.raises(ValueError, match="broken column"):
+        await run_together([fails(), slow()])
+    assert ended == ["slow"]  # nothing left running behind the error
