@@ -14,9 +14,11 @@ The one module of this package that imports Chainlit.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
+from chainlit.data.utils import queue_until_user_message
 from chainlit.data.storage_clients.base import BaseStorageClient
 
 from store.db import configure_engine
@@ -42,6 +44,11 @@ class AppDataLayer(SQLAlchemyDataLayer):
     UI gets the same thread on both databases (the browser reads a custom
     element's props as an object).
 
+    Without a file storage service Chainlit keeps no elements at all; a custom
+    element is only its props, so it is kept here in the elements table
+    (the app's figures and compare rounds then come back when a chat is
+    reopened from the history sidebar). Files still need a storage service.
+
     Known gaps in Chainlit 2.12 itself, on both databases: `get_element`
     (elements shown with display="page") json.loads() props that are already
     decoded and raises TypeError; `get_favorite_steps` uses LIKE on the
@@ -59,6 +66,31 @@ class AppDataLayer(SQLAlchemyDataLayer):
             return [_decode_sqlite_row(row) for row in result]
         return result
 
+    @queue_until_user_message()
+    async def create_element(self, element) -> None:
+        if element.type != "custom" or self.storage_provider is not None:
+            return await super().create_element(element)
+        if not element.for_id:
+            return
+        row = {key: value for key, value in element.to_dict().items()
+               # A session file (chainlitKey) does not outlive the session; the props are the element.
+               if value is not None and key not in ("url", "chainlitKey", "objectKey")}
+        columns = ", ".join(f'"{column}"' for column in row)
+        placeholders = ", ".join(f":{column}" for column in row)
+        updates = ", ".join(f'"{column}" = :{column}' for column in row if column != "id")
+        await self.execute_sql(
+            f"INSERT INTO elements ({columns}) VALUES ({placeholders}) ON CONFLICT (id) DO UPDATE SET {updates};",
+            row)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, fragment: str) -> None:
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
 
 def _decode_sqlite_row(row: dict[str, Any]) -> dict[str, Any]:
     decoded = dict(row)
@@ -74,10 +106,17 @@ def chainlit_data_layer(url: str | None = None, *,
                         storage_provider: BaseStorageClient | None = None) -> AppDataLayer:
     """Chainlit's data layer on `url` (default: `DATABASE_URL`, else the SQLite file), ready for each database.
 
-    Without a `storage_provider` Chainlit keeps no elements (files, custom
-    elements); messages, threads and feedback are stored.
+    Without a `storage_provider` Chainlit keeps no files; messages, threads,
+    feedback and custom elements (their props) are stored.
     """
     url = normalise_url(url) if url else database_url()
-    layer = AppDataLayer(conninfo=url, storage_provider=storage_provider)
+    # Its "elements will not be persisted" warning is not true of this layer (custom elements are).
+    chainlit_logger = logging.getLogger("chainlit")
+    quiet = _DropMessage("storage client is not initialized")
+    chainlit_logger.addFilter(quiet)
+    try:
+        layer = AppDataLayer(conninfo=url, storage_provider=storage_provider)
+    finally:
+        chainlit_logger.removeFilter(quiet)
     configure_engine(layer.engine)
     return layer

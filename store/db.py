@@ -188,6 +188,22 @@ class Store:
                     raise RoundNotFound(f"Round {round_id} does not exist; save it before attaching replies.")
                 raise RoundNotFound(f"Round {round_id} has no column {label!r} (its columns: {', '.join(round_.labels)}).")
 
+    async def set_revealed_view(self, round_id: str, view: dict[str, Any]) -> None:
+        """Keep what a blind round's element shows once voted on, for a vote cast after the chat
+        was reopened or the app restarted; raise `RoundNotFound` for an unknown round."""
+        async with self._engine.begin() as connection:
+            result = await connection.execute(
+                update(schema.compare_rounds).where(schema.compare_rounds.c.id == round_id)
+                .values(revealed_view=view))
+            if result.rowcount == 0:
+                raise RoundNotFound(f"Round {round_id} does not exist; save it before keeping its revealed view.")
+
+    async def revealed_view(self, round_id: str) -> dict[str, Any] | None:
+        """What `set_revealed_view` kept for the round, or None."""
+        query = select(schema.compare_rounds.c.revealed_view).where(schema.compare_rounds.c.id == round_id)
+        async with self._engine.begin() as connection:
+            return await connection.scalar(query)
+
     async def get_round(self, round_id: str) -> CompareRound | None:
         """One round with its columns in order, or None."""
         async with self._engine.begin() as connection:
@@ -195,7 +211,7 @@ class Store:
 
     async def rounds(self, limit: int = 100, thread_id: str | None = None) -> list[CompareRound]:
         """The newest rounds first, optionally of one chat."""
-        query = select(schema.compare_rounds).order_by(
+        query = select(*_ROUND_FIELDS).order_by(
             schema.compare_rounds.c.created_at.desc(), schema.compare_rounds.c.id).limit(limit)
         if thread_id is not None:
             query = query.where(schema.compare_rounds.c.thread_id == thread_id)
@@ -238,6 +254,10 @@ class Store:
         ]
 
 
+# The columns a CompareRound is made of (the revealed view is read on its own).
+_ROUND_FIELDS = tuple(column for column in schema.compare_rounds.c if column.name != "revealed_view")
+
+
 def _already_voted(round_id: str) -> VoteRejected:
     return VoteRejected(f"Round {round_id} already has a vote; each round can be voted on once.")
 
@@ -254,7 +274,7 @@ async def _has_vote(connection: AsyncConnection, round_id: str) -> bool:
 
 async def _load_round(connection: AsyncConnection, round_id: str) -> CompareRound | None:
     row = (await connection.execute(
-        select(schema.compare_rounds).where(schema.compare_rounds.c.id == round_id))).first()
+        select(*_ROUND_FIELDS).where(schema.compare_rounds.c.id == round_id))).first()
     if row is None:
         return None
     columns = await _columns_by_round(connection, [round_id])

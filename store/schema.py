@@ -41,7 +41,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: compare_rounds.revealed_view
 
 # Steps that bring an existing database from version N-1 to N, beyond adding
 # tables and columns. Each takes the open (synchronous) connection.
@@ -192,6 +192,9 @@ compare_rounds = Table(
     Column("prompt", Text, nullable=False),
     Column("mode", Text, nullable=False),
     Column("run_order", Text, nullable=False),
+    # A blind round's element as it shows once voted on (names, models, figures): kept here, never
+    # in Chainlit's elements table, whose rows the browser receives when the chat is reopened.
+    Column("revealed_view", JsonDocument),
 )
 
 round_columns = Table(

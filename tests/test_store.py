@@ -163,6 +163,37 @@ async def test_reply_round_and_vote_survive_a_restart(db_url):
             await store.cast_vote(replace(vote, outcome="tie", winner_label=None))
 
 
+async def test_a_blind_rounds_revealed_view_survives_a_restart_apart_from_the_round(db_url):
+    round_ = make_round(thread_id=new_id(), mode="blind")
+    view = {"kind": "compare", "roundId": round_.id, "revealed": True,
+            "columns": [{"label": c.label, "backend": c.backend, "text": "答案 ✓"} for c in round_.columns]}
+    async with await Store.open(db_url) as store:
+        await store.migrate()
+        await store.save_round(round_)
+        assert await store.revealed_view(round_.id) is None
+        await store.set_revealed_view(round_.id, view)
+        with pytest.raises(RoundNotFound, match="does not exist"):
+            await store.set_revealed_view(new_id(), view)
+    async with await Store.open(db_url) as store:
+        assert await store.revealed_view(round_.id) == view
+        assert await store.get_round(round_.id) == round_  # the round itself carries no names
+        assert await store.revealed_view(new_id()) is None
+
+
+async def test_migrate_brings_a_version_1_database_to_the_revealed_view(store, db_url):
+    engine = create_engine(db_url)
+    async with engine.begin() as connection:
+        await connection.execute(text("ALTER TABLE compare_rounds DROP COLUMN revealed_view"))
+        await connection.execute(text("DELETE FROM schema_version"))
+        await connection.execute(insert(schema.schema_version).values(version=1, applied_at=T0))
+    await engine.dispose()
+    assert await store.migrate() == SCHEMA_VERSION
+    round_ = make_round(thread_id=new_id(), mode="blind")
+    await store.save_round(round_)
+    await store.set_revealed_view(round_.id, {"columns": []})
+    assert await store.revealed_view(round_.id) == {"columns": []}
+
+
 async def test_replies_newest_first_filtered_by_backend_and_time(store):
     thread_id = new_id()
     saved = [make_reply(thread_id=thread_id, backend=backend, created_at=T0 + timedelta(minutes=i))
@@ -256,7 +287,9 @@ async def test_attaching_a_reply_to_an_unknown_round_or_column(store):
 
 # --- Chainlit's data layer on the same database --------------------------------
 
-async def test_chainlit_history_on_the_same_database(store, db_url, monkeypatch, caplog):
+@pytest.mark.parametrize("with_file_storage", [False, True], ids=["no-file-storage", "file-storage"])
+async def test_chainlit_history_on_the_same_database(store, db_url, monkeypatch, caplog, with_file_storage):
+    """With or without a file storage service, a custom element (the figures) comes back with its chat."""
     import logging
 
     import chainlit.data
@@ -289,7 +322,7 @@ async def test_chainlit_history_on_the_same_database(store, db_url, monkeypatch,
             pass
 
     storage = MemoryStorage()
-    layer = chainlit_data_layer(db_url, storage_provider=storage)
+    layer = chainlit_data_layer(db_url, storage_provider=storage if with_file_storage else None)
     # What @cl.data_layer gives the app; an HTTP context (as Chainlit's REST routes use) writes at once.
     monkeypatch.setattr(chainlit.data, "_data_layer", layer)
     monkeypatch.setattr(chainlit.data, "_data_layer_initialized", True)
@@ -345,6 +378,13 @@ async def test_chainlit_history_on_the_same_database(store, db_url, monkeypatch,
         [element] = thread["elements"]
         assert (element["id"], element["forId"], element["name"]) == (figures.id, reply_step_id, "Metrics")
         assert element["props"] == {"first_token_s": 0.25, "decode_tokens_per_s": 61.5}
+        assert element["type"] == "custom"
+        assert bool(storage.files) == with_file_storage
+        # Written again (the final figures after the live ones): one element, the newest props.
+        figures.props = {"first_token_s": 0.25, "decode_tokens_per_s": 60.0, "state": "completed"}
+        await layer.create_element(figures)
+        [element] = (await layer.get_thread(thread_id))["elements"]
+        assert element["props"]["decode_tokens_per_s"] == 60.0
 
         # The app's reply row and Chainlit's message share the step id.
         assert [saved.id for saved in await store.replies_for_thread(thread_id)] == [reply_step_id]
