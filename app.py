@@ -67,6 +67,7 @@ async def on_chat_start() -> None:
 @cl.on_chat_resume
 async def on_chat_resume(thread: dict) -> None:
     await session.resume(thread)
+    await rounds_view.resume(thread)
 
 
 @cl.on_settings_update

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
 from backends.base import ChatMessage
+from store.records import CompareRound, StoredReply
 
 TokenCounter = Callable[[Sequence[ChatMessage]], Awaitable[int | None]]
 
@@ -82,3 +83,44 @@ def bounded_history(history: Sequence[ChatMessage], max_chars: int = MAX_HISTORY
     while len(kept) > 1 and kept[0].role == "assistant":
         kept.pop(0)  # a reply whose question was dropped
     return kept
+
+
+@dataclass
+class Conversation:
+    """What a session sends as context: the single-backend chat, and each backend's own thread in
+    compare and blind rounds (the user's round prompts plus that backend's own replies; a backend
+    joining its first round starts from the single-backend chat so far)."""
+
+    history: list[ChatMessage] = field(default_factory=list)
+    threads: dict[str, list[ChatMessage]] = field(default_factory=dict)
+
+
+def rebuild_conversation(replies: Sequence[StoredReply], rounds: Sequence[CompareRound]) -> Conversation:
+    """A reopened chat's conversation from what the database kept, as the session had built it.
+
+    The same rules as a live session: a reply that failed without any text
+    adds nothing (its question waits for Retry); a stopped reply keeps its
+    partial text; a round column without text adds nothing to its thread.
+    Replies of other modes (replay) never joined the conversation.
+    """
+    in_round: dict[str, dict[str, StoredReply]] = {}
+    for reply in replies:
+        if reply.round_id is not None and reply.column_label is not None:
+            in_round.setdefault(reply.round_id, {})[reply.column_label] = reply
+    events: list[StoredReply | CompareRound] = [*(r for r in replies if r.mode == "chat"), *rounds]
+    conversation = Conversation()
+    # A round is stored when it starts, a chat reply when it ends: one session does one at a time.
+    for event in sorted(events, key=lambda event: event.created_at):
+        if isinstance(event, StoredReply):
+            if event.status == "error" and not event.reply_text:
+                continue
+            conversation.history += [ChatMessage("user", event.prompt), ChatMessage("assistant", event.reply_text)]
+            continue
+        for column in event.columns:
+            thread = conversation.threads.setdefault(column.backend, list(conversation.history))
+            reply = in_round.get(event.id, {}).get(column.label)
+            if reply is not None and reply.reply_text:
+                thread += [ChatMessage("user", event.prompt), ChatMessage("assistant", reply.reply_text)]
+    conversation.history = bounded_history(conversation.history)
+    conversation.threads = {name: bounded_history(thread) for name, thread in conversation.threads.items()}
+    return conversation

@@ -23,10 +23,13 @@ MAX_PROMPTS = 100  # the user's prompts kept for /replay
 
 
 def bound_session() -> None:
-    """After a reply: the session's history, its prompts and Chainlit's list of its messages, bounded."""
+    """After a reply: the session's history and threads, its prompts and Chainlit's list of its
+    messages, bounded."""
     history = cl.user_session.get("history")
     if history:
         history[:] = bounded_history(history)
+    for thread in (cl.user_session.get("threads") or {}).values():  # each backend's, in rounds
+        thread[:] = bounded_history(thread)
     prompts = cl.user_session.get("user_prompts")
     if prompts and len(prompts) > MAX_PROMPTS:
         del prompts[:-MAX_PROMPTS]

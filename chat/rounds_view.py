@@ -23,6 +23,7 @@ from chat.session import (
     APP_AUTHOR,
     MetricsElement,
     app_state,
+    backend_threads,
     current_user,
     lang,
     refresh_backend_list,
@@ -50,10 +51,11 @@ class RoundView:
     final: bool = False
     vote: dict | None = None
 
-    def props(self, lang_code: str) -> dict:
+    def props(self, lang_code: str, *, revealed: bool | None = None) -> dict:
         return round_props(round_id=self.round_id, columns=self.columns, blind=self.settings.blind,
                            run_order=self.run_order, reveal=self.settings.reveal, lang=lang_code,
-                           revealed=self.vote is not None, vote=self.vote, final=self.final)
+                           revealed=self.vote is not None if revealed is None else revealed,
+                           vote=self.vote, final=self.final)
 
 
 def _rounds() -> dict[str, RoundView]:
@@ -62,16 +64,6 @@ def _rounds() -> dict[str, RoundView]:
         rounds = {}
         cl.user_session.set("rounds", rounds)
     return rounds
-
-
-def backend_threads() -> dict[str, list[ChatMessage]]:
-    """Each backend's own thread of the conversation (the user's turns plus its own replies).
-    A backend joining a round starts from the single-backend chat so far."""
-    threads = cl.user_session.get("threads")
-    if threads is None:
-        threads = {}
-        cl.user_session.set("threads", threads)
-    return threads
 
 
 async def compare_reply(user_text: str) -> None:
@@ -123,8 +115,11 @@ async def compare_reply(user_text: str) -> None:
     recent = _rounds()
     recent[round_id] = view
     for old in list(recent)[:-RECENT_ROUNDS]:
-        recent.pop(old)
+        # Still votable from what the database kept; its element is remembered for the reveal.
+        forgotten = recent.pop(old).element
+        _round_elements()[old] = (forgotten.id, forgotten.for_id)
     await _store_replies(view, user_text)
+    await _keep_revealed_view(view, lang_code)
     if not round_settings.blind:  # in a blind round, "vLLM unavailable" would name the failed column
         await refresh_backend_list([(column.backend, column.error) for column in columns])
     for column in columns:
@@ -166,6 +161,36 @@ async def _store_replies(view: RoundView, user_text: str) -> None:
                 await say(text("storage_failed", lang(), problem=str(error)))
 
 
+async def _keep_revealed_view(view: RoundView, lang_code: str) -> None:
+    """What the round shows once voted on, kept in the database (never sent before the vote), so
+    that a vote cast after the chat was reopened or the app restarted can still reveal it."""
+    store = await app_state().storage()
+    if store is None:
+        return
+    try:
+        await store.set_revealed_view(view.round_id, view.props(lang_code, revealed=True))
+    except StoreError as error:
+        await say(text("storage_failed", lang(), problem=str(error)))
+
+
+def _round_elements() -> dict[str, tuple[str, str | None]]:
+    """Round id -> (element id, message id) for rounds of this chat not kept in memory."""
+    elements = cl.user_session.get("round_elements")
+    if elements is None:
+        elements = {}
+        cl.user_session.set("round_elements", elements)
+    return elements
+
+
+async def resume(thread: dict) -> None:
+    """A reopened chat: note which element shows each of its rounds, so a vote can update it."""
+    elements = _round_elements()
+    for element in thread.get("elements") or []:
+        props = element.get("props")
+        if isinstance(props, dict) and props.get("kind") == "compare" and props.get("roundId"):
+            elements[props["roundId"]] = (element["id"], element.get("forId"))
+
+
 def _parse_vote(payload: Any) -> Vote:
     """A vote action's payload as a Vote; anything the element cannot send is refused."""
     if not isinstance(payload, dict):
@@ -202,21 +227,54 @@ async def vote(payload: Any) -> dict:
     if store is None:
         return await _vote_refused(text("storage_unavailable", lang_code, problem=app_state().storage_problem))
     if view is None:
-        stored = await store.get_round(ballot.round_id)
-        if stored is None:
-            return await _vote_refused(text("vote_no_round", lang_code))
-        return await _vote_refused(text("vote_other_chat", lang_code))
+        return await _vote_on_stored_round(store, ballot, lang_code)
     if not view.final:
         return await _vote_refused(text("vote_too_early", lang_code))
     try:
         await store.cast_vote(ballot)
     except StoreError as error:
         return await _vote_refused(str(error))
-    view.vote = {"outcome": ballot.outcome, "winner": ballot.winner_label, "judgements": ballot.judgements}
+    view.vote = _vote_shown(ballot)
     view.element.props = view.props(lang_code)
     await view.element.update()
-    names = ", ".join(f"**{c.label}** = {c.backend_label}" + (f" (`{c.model}`)" if c.model else "")
-                      for c in view.columns)
+    return await _vote_recorded(view.element.props, lang_code)
+
+
+async def _vote_on_stored_round(store, ballot: Vote, lang_code: str) -> dict:
+    """A round of this chat from before it was reopened (or before the app restarted): its vote
+    reveals what the database kept of it, in the element that shows it."""
+    stored = await store.get_round(ballot.round_id)
+    if stored is None:
+        return await _vote_refused(text("vote_no_round", lang_code))
+    if stored.thread_id is None or stored.thread_id != cl.context.session.thread_id:
+        return await _vote_refused(text("vote_other_chat", lang_code))
+    revealed = await store.revealed_view(ballot.round_id)
+    if revealed is None:
+        return await _vote_refused(text("vote_round_unfinished", lang_code))
+    try:
+        await store.cast_vote(ballot)
+    except StoreError as error:
+        return await _vote_refused(str(error))
+    props = {**revealed, "revealed": True, "final": True, "vote": _vote_shown(ballot)}
+    element_id, for_id = _round_elements().get(ballot.round_id, (None, None))
+    if element_id and for_id:
+        element = MetricsElement(id=element_id, name="Metrics", props=props, display="inline")
+        element.for_id = for_id
+        await element.update()
+    else:  # its element was never kept: show the revealed round anew
+        await cl.Message(content="", author=APP_AUTHOR,
+                         elements=[MetricsElement(name="Metrics", props=props, display="inline")]).send()
+    return await _vote_recorded(props, lang_code)
+
+
+def _vote_shown(ballot: Vote) -> dict:
+    return {"outcome": ballot.outcome, "winner": ballot.winner_label, "judgements": ballot.judgements}
+
+
+async def _vote_recorded(props: dict, lang_code: str) -> dict:
+    """Name every column of the revealed round (props as round_props made them)."""
+    names = ", ".join(f"**{c['label']}** = {c.get('backend') or '?'}" + (f" (`{c['model']}`)" if c.get("model") else "")
+                      for c in props.get("columns") or [])
     message = text("vote_recorded", lang_code, names=names)
     await say(message)
     return {"ok": True, "message": message}

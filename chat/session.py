@@ -21,26 +21,40 @@ from backends.errors import BackendError, UnknownBackend
 from backends.registry import BackendStatus
 from chat.engines import state_summary
 from chat.flow import AppState, Refusal, empty_reply_notice, plan_reply, server_may_be_down, stored_reply
+from chat.history import Conversation, rebuild_conversation
 from chat.i18n import language_of, text
 from chat.input import check_message
 from chat.live import LiveReply, initial_props
 from chat.memory import free_closed_sessions
 from chat.settings import SessionSettings, SettingsRejected, settings_widgets
+from store import StoreError
 from timing import FINAL_STATES
 
 APP_AUTHOR = "Serving Lab"
 
 
 class MetricsElement(cl.CustomElement):
-    """The live figures (public/elements/Metrics.jsx).
+    """The live figures and compare rounds (public/elements/Metrics.jsx).
 
-    A plain CustomElement writes a new file under .files/ at every update (~10 a
-    second while streaming, per session). Live refreshes only need the new props
-    in the browser, so only the final figures are written.
+    A plain CustomElement writes a new file under .files/ and (with a data
+    layer) a database row at every update: ~10 a second while streaming, per
+    session. Live refreshes only need the new props in the browser, so only
+    final props are written: the reply's frozen figures, a round once every
+    column has ended (and again when its vote reveals it). The database row
+    is what a chat reopened from the history sidebar shows.
     """
 
+    @property
+    def final(self) -> bool:
+        if self.props.get("kind") == "compare":
+            return bool(self.props.get("final"))
+        return self.props.get("state") in FINAL_STATES
+
+    async def send(self, for_id: str, persist: bool = True) -> None:
+        await super().send(for_id, persist=persist and self.final)
+
     async def update(self) -> None:
-        final = self.props.get("state") in FINAL_STATES
+        final = self.final
         self.updatable = final
         if final:
             self.content = json.dumps(self.props)
@@ -140,12 +154,21 @@ async def show_status() -> None:
     await say("\n".join(_status_lines(statuses, lang())))
 
 
-def _new_session(state: AppState, history: list[ChatMessage] | None = None,
+def _new_session(state: AppState, conversation: Conversation | None = None,
                  prompts: list[str] | None = None) -> None:
+    """Every key the app keeps per session, fresh. A reopened chat's session comes back from
+    Chainlit with what it could save of the old one as JSON (objects as None, messages as
+    lists of None): nothing of that is used."""
+    conversation = conversation or Conversation()
     cl.user_session.set("settings", SessionSettings.initial(state.defaults, state.presets, state.registry.names))
-    cl.user_session.set("history", history or [])
+    cl.user_session.set("history", conversation.history)
+    cl.user_session.set("threads", conversation.threads)
     cl.user_session.set("user_prompts", prompts or [])
     cl.user_session.set("pending", None)
+    cl.user_session.set("shown_down", None)
+    cl.user_session.set("rounds", {})
+    cl.user_session.set("round_elements", {})
+    cl.user_session.set("engine_panel", None)
 
 
 async def start(actions: list[cl.Action] | None = None) -> None:
@@ -162,19 +185,71 @@ async def start(actions: list[cl.Action] | None = None) -> None:
     await say("\n".join(_status_lines(statuses, lang_code)), actions=actions or [])
 
 
+def backend_threads() -> dict[str, list[ChatMessage]]:
+    """Each backend's own thread of the conversation in compare and blind rounds (chat.history.Conversation)."""
+    threads = cl.user_session.get("threads")
+    if threads is None:
+        threads = {}
+        cl.user_session.set("threads", threads)
+    return threads
+
+
 async def resume(thread: dict) -> None:
-    """A chat reopened from the history sidebar: its conversation continues where it stopped."""
+    """A chat reopened from the history sidebar (or after a restart): its conversation continues where
+    it stopped, each backend with its own thread, as the database kept them."""
     state = app_state()
-    history: list[ChatMessage] = []
-    prompts: list[str] = []
-    for step in thread.get("steps") or []:
-        if step.get("type") == "user_message" and step.get("output"):
-            history.append(ChatMessage("user", step["output"]))
-            prompts.append(step["output"])
-        elif step.get("type") == "assistant_message" and (step.get("metadata") or {}).get("record"):
-            history.append(ChatMessage("assistant", step.get("output") or ""))
-    _new_session(state, history, prompts)
+    steps = thread.get("steps") or []
+    prompts = [step["output"] for step in steps if step.get("type") == "user_message" and step.get("output")]
+    conversation = await _stored_conversation(state, thread.get("id"))
+    if conversation is None:
+        conversation = Conversation(history=_history_from_steps(steps))
+    _new_session(state, conversation, prompts)
+    restored = _saved_settings(state, thread)
+    if restored is not None:
+        cl.user_session.set("settings", restored)
     await _send_settings(await state.statuses())
+
+
+async def _stored_conversation(state: AppState, thread_id: str | None) -> Conversation | None:
+    store = await state.storage()
+    if store is None or not thread_id:
+        return None
+    try:
+        replies = await store.replies_for_thread(thread_id)
+        rounds = await store.rounds(limit=10_000, thread_id=thread_id)
+    except StoreError as error:
+        await say(text("storage_read_failed", lang(), problem=str(error)))
+        return None
+    return rebuild_conversation(replies, rounds)
+
+
+def _saved_settings(state: AppState, thread: dict) -> SessionSettings | None:
+    """The settings panel as it was when the chat was left (Chainlit keeps its values with the
+    thread), if they still make sense for the backends configured now."""
+    metadata = thread.get("metadata") or {}
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except ValueError:
+            return None
+    values = metadata.get("chat_settings") if isinstance(metadata, dict) else None
+    if not isinstance(values, dict) or not values:
+        return None
+    try:
+        return SessionSettings.from_form(values, state.defaults, state.registry.names, state.presets)
+    except (UnknownBackend, SettingsRejected):
+        return None  # e.g. a backend removed from .env since: the defaults apply
+
+
+def _history_from_steps(steps: list[dict]) -> list[ChatMessage]:
+    """Without the database: the single-backend exchanges as Chainlit kept them (a user message
+    answered by a reply with its record; round prompts and refused messages are left out)."""
+    history: list[ChatMessage] = []
+    for question, answer in zip(steps, steps[1:]):
+        if (question.get("type") == "user_message" and question.get("output")
+                and answer.get("type") == "assistant_message" and (answer.get("metadata") or {}).get("record")):
+            history += [ChatMessage("user", question["output"]), ChatMessage("assistant", answer.get("output") or "")]
+    return history
 
 
 async def _warm_up_backends(lang: str) -> None:

@@ -1,7 +1,11 @@
-"""Fitting a conversation into a backend's context."""
+"""Fitting a conversation into a backend's context; rebuilding a reopened chat's conversation."""
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
 from backends.base import ChatMessage
-from chat.history import estimate_tokens, fit_to_context
+from chat.history import estimate_tokens, fit_to_context, rebuild_conversation
+from store.records import CompareRound, RoundColumn, StoredReply
 
 
 def conversation(exchanges: int) -> list[ChatMessage]:
@@ -78,3 +82,69 @@ def test_chainlits_message_lists_of_freed_sessions_are_dropped():
     finally:
         chat_contexts.pop("alive", None)
         ws_sessions_id.pop("alive", None)
+
+
+# --- a chat reopened from the history sidebar ------------------------------------
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def stored(prompt: str, text: str, *, at: int, backend: str = "vllm", mode: str = "chat", status: str = "completed",
+           round_id: str | None = None, label: str | None = None) -> StoredReply:
+    return StoredReply(
+        id=f"{prompt}-{backend}", thread_id="t", user_identifier=None, created_at=T0 + timedelta(seconds=at),
+        backend=backend, backend_label=backend, model="m", mode=mode, round_id=round_id, column_label=label,
+        prompt=prompt, reply_text=text, status=status, first_token_s=0.1, decode_tokens_per_s=50.0,
+        output_tokens=len(text.split()), total_s=1.0, ms_per_output_token=20.0, settings_sent={}, record={},
+    )
+
+
+def round_of(round_id: str, prompt: str, *, at: int, backends: tuple[str, ...]) -> CompareRound:
+    return CompareRound(id=round_id, thread_id="t", user_identifier=None, created_at=T0 + timedelta(seconds=at),
+                        prompt=prompt, mode="blind", run_order="sequential",
+                        columns=tuple(RoundColumn(label, name) for label, name in zip("ABCD", backends)))
+
+
+def turns(*pairs: tuple[str, str]) -> list[ChatMessage]:
+    return [ChatMessage(role, content) for role, content in pairs]
+
+
+def test_a_reopened_chat_gets_back_its_history_and_each_backends_own_thread():
+    r1 = round_of("r1", "round one", at=10, backends=("vllm", "tgi"))
+    r2 = round_of("r2", "round two", at=30, backends=("tgi", "embedded"))
+    replies = [
+        stored("hello", "hi there", at=5),
+        stored("failed", "", at=8, status="error"),  # failed without text: its question waits for Retry
+        # Saved after the round started, in the order its columns ended.
+        stored("round one", "tgi one", at=13, backend="tgi", mode="blind", round_id="r1", label="B"),
+        stored("round one", "vllm one", at=12, backend="vllm", mode="blind", round_id="r1", label="A"),
+        stored("stopped", "half a", at=20, status="stopped"),  # the partial text stays
+        stored("replayed", "not part of it", at=25, mode="replay"),
+        stored("round two", "tgi two", at=31, backend="tgi", mode="blind", round_id="r2", label="A"),
+        stored("round two", "", at=32, backend="embedded", mode="blind", round_id="r2", label="B", status="error"),
+    ]
+    conversation = rebuild_conversation(list(reversed(replies)), [r2, r1])  # any order in, time order out
+    assert conversation.history == turns(("user", "hello"), ("assistant", "hi there"),
+                                         ("user", "stopped"), ("assistant", "half a"))
+    assert conversation.threads == {
+        "vllm": turns(("user", "hello"), ("assistant", "hi there"), ("user", "round one"), ("assistant", "vllm one")),
+        "tgi": turns(("user", "hello"), ("assistant", "hi there"), ("user", "round one"), ("assistant", "tgi one"),
+                     ("user", "round two"), ("assistant", "tgi two")),
+        # Joined at round two, from the chat so far; its failed column added nothing.
+        "embedded": turns(("user", "hello"), ("assistant", "hi there"), ("user", "stopped"), ("assistant", "half a")),
+    }
+
+
+def test_a_round_whose_replies_were_never_saved_still_starts_each_thread():
+    conversation = rebuild_conversation([], [round_of("r", "p", at=0, backends=("a", "b"))])
+    assert conversation.history == [] and conversation.threads == {"a": [], "b": []}
+
+
+def test_a_rebuilt_conversation_is_bounded_like_a_live_one():
+    long_reply = "y" * 300_000
+    replies = [stored(f"q{i}", long_reply, at=i) for i in range(3)]
+    conversation = rebuild_conversation(replies, [])
+    assert [m.content for m in conversation.history] == ["q2", long_reply]
+    assert conversation.threads == {}
+    assert rebuild_conversation([replace(replies[0], reply_text="short")], []).history == turns(
+        ("user", "q0"), ("assistant", "short"))
