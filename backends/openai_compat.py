@@ -10,7 +10,9 @@ server sends one, becomes the server's figures.
 The server's own timings are kept where it sends them: vLLM's per-request
 `metrics` on the closing usage chunk (servers started with
 `--enable-per-request-metrics`, as `scripts/vllm_server.sh` does) and
-llama.cpp server's `timings` on its last chunk.
+llama.cpp server's `timings` on whichever chunk carries them. Usage on a
+chunk with a `finish_reason` is the final usage: older llama.cpp servers
+send it there (with `timings`) instead of on a separate `choices: []` chunk.
 
 Sampling: kind "vllm" sends top-k, min-p, repetition penalty and seed
 (vLLM's extensions of the protocol); kind "openai" sends only what the
@@ -92,24 +94,30 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
 
 
 def parse_chunk(
-    data: Mapping[str, Any], completion_tokens_so_far: int, *, usage_source: str
-) -> tuple[StreamChunk | None, int]:
+    data: Mapping[str, Any], completion_tokens_so_far: int | None, *, usage_source: str
+) -> tuple[StreamChunk | None, int | None]:
     """Turn one `chat.completion.chunk` (as JSON) into a StreamChunk.
 
     `completion_tokens_so_far` is the cumulative completion-token count seen
-    on earlier chunks. Returns the chunk to pass on (None only for a chunk
-    that carries nothing at all) and the new cumulative count.
+    on earlier chunks, or None while no chunk has carried a running count
+    (start a stream with None). Returns the chunk to pass on (None only for
+    a chunk that carries nothing at all) and the new cumulative count.
 
-    - A chunk with `usage` (vLLM `continuous_usage_stats`) holds exactly
-      `usage.completion_tokens - completion_tokens_so_far` tokens, even when
-      its text is empty (vLLM holds back partial UTF-8 characters) or when
-      it carries several tokens at once.
+    - A chunk with a running `usage` (vLLM `continuous_usage_stats`) holds
+      exactly `usage.completion_tokens - completion_tokens_so_far` tokens,
+      even when its text is empty (vLLM holds back partial UTF-8 characters)
+      or when it carries several tokens at once.
     - A chunk without usage: token_count None (the protocol does not say).
     - The empty role chunk becomes an empty chunk: it is the server's first
       byte in the timeline, with no text and no tokens.
     - The closing usage chunk (`choices == []`) carries no text or tokens, only
       the server's own figures (and vLLM's per-request `metrics` if enabled).
-    - llama.cpp's server puts its `timings` on its last chunk.
+    - Usage on the chunk with the `finish_reason` is the final usage as well
+      (the server's figures). Older llama.cpp servers send it there, after
+      chunks that carried no counts: it then adds no tokens of its own (the
+      server's count replaces the estimate). vLLM's continuous usage on that
+      chunk is cumulative, so it still counts its difference.
+    - llama.cpp's server `timings` are kept from whichever chunk carries them.
 
     Raises MalformedChunk (naming the problem, quoting the chunk) for anything
     else: not an object, `choices` not a list, a choice or delta that is not
@@ -128,11 +136,13 @@ def parse_chunk(
     text = delta.get("content") or ""
     finish_reason = choice.get("finish_reason")
     token_count: int | None = None
-    if usage is not None and usage.get("completion_tokens") is not None:
+    counted = usage is not None and usage.get("completion_tokens") is not None
+    running = counted and (completion_tokens_so_far is not None or finish_reason is None)
+    if running:
         cumulative = int(usage["completion_tokens"])
-        token_count = max(0, cumulative - completion_tokens_so_far)
-        completion_tokens_so_far = max(cumulative, completion_tokens_so_far)
-        figures = None  # continuous usage is a running count, not the server's closing report
+        so_far = completion_tokens_so_far or 0
+        token_count = max(0, cumulative - so_far)
+        completion_tokens_so_far = max(cumulative, so_far)
     elif not text:
         token_count = 0  # a role-only or finish-only chunk carries no token we can see
     chunk = StreamChunk(text=text, token_count=token_count, finish_reason=finish_reason, server_figures=figures)
@@ -175,10 +185,13 @@ def check_chunk_shape(data: object) -> None:
 
 
 def server_figures(data: Mapping[str, Any], usage_source: str) -> ServerFigures | None:
-    """The server's own report on a chunk: closing usage, vLLM `metrics`, llama.cpp `timings`."""
+    """The server's own report on a chunk: final usage, vLLM `metrics`, llama.cpp `timings`."""
     usage = data.get("usage") or None
+    choices = data.get("choices") or []
+    finishing = any(choice.get("finish_reason") for choice in choices)
     figures: ServerFigures | None = None
-    if usage is not None and not data.get("choices"):
+    # Usage on a chunk mid-stream is a running count (vLLM continuous usage), not the server's report.
+    if usage is not None and (not choices or finishing):
         figures = ServerFigures(
             source=usage_source,
             output_tokens=usage.get("completion_tokens"),
@@ -355,7 +368,7 @@ class OpenAICompatBackend:
             response_stream = await self._completions.create(**request.body)
         except openai.APIError as error:
             raise self._translate(error) from None
-        completion_tokens_so_far = 0
+        completion_tokens_so_far: int | None = None
         chunks = 0
         finished = False
         try:

@@ -53,6 +53,7 @@ from backends.base import (
     BackendInfo,
     ChatMessage,
     GenerationParams,
+    IgnoredSetting,
     PreparedRequest,
     ServerFigures,
     StreamChunk,
@@ -168,13 +169,32 @@ def top_p_to_send(top_p: float) -> float | None:
     return top_p if 0.0 < top_p < 1.0 else None
 
 
-def _sampling_fields(params: GenerationParams, fields: dict[str, Any], notes: list[str]) -> None:
-    """top-p and seed when sampling, the same on both routes (TGI refuses top-p 1.0)."""
+# Reasons shown next to the reply, read as "<setting> <reason>: ignored".
+GREEDY_REASON = "is not sent (greedy decoding at temperature 0)"
+TOP_P_ONE_REASON = "1.0 is not sent (TGI refuses 1.0; without it no top-p filter applies, the same)"
+
+
+def dropped_settings(params: GenerationParams, route: str) -> tuple[IgnoredSetting, ...]:
+    """The panel's settings this route supports but does not send, and why (shown next to the reply).
+
+    At temperature 0 TGI decodes greedily: top-p, and top-k and seed where the
+    panel set them, are left out (on the native route any of them would switch
+    sampling back on). While sampling, top-p 1.0 is left out (TGI refuses it).
+    """
+    if params.greedy:
+        names = ["top_p"] + [name for name in ("top_k", "seed")
+                             if getattr(params, name) is not None and name in SUPPORTED_SETTINGS[route]]
+        return tuple(IgnoredSetting(name, GREEDY_REASON) for name in names)
+    if top_p_to_send(params.top_p) is None:
+        return (IgnoredSetting("top_p", TOP_P_ONE_REASON),)
+    return ()
+
+
+def _sampling_fields(params: GenerationParams, fields: dict[str, Any]) -> None:
+    """top-p and seed when sampling, the same on both routes (see `dropped_settings` for what is left out)."""
     top_p = top_p_to_send(params.top_p)
     if top_p is not None:
         fields["top_p"] = top_p
-    elif params.top_p >= 1.0:
-        notes.append("top-p 1.0 (no filter) is not sent: TGI refuses 1.0")
     if params.seed is not None:
         fields["seed"] = params.seed
 
@@ -191,7 +211,7 @@ def native_parameters(params: GenerationParams, adapter_id: str | None) -> tuple
     else:
         parameters["do_sample"] = True
         parameters["temperature"] = params.temperature
-        _sampling_fields(params, parameters, notes)
+        _sampling_fields(params, parameters)
         if params.top_k is not None:
             parameters["top_k"] = params.top_k
     if params.repetition_penalty is not None:
@@ -206,9 +226,9 @@ def messages_fields(params: GenerationParams) -> tuple[dict[str, Any], list[str]
     notes: list[str] = []
     fields: dict[str, Any] = {"max_tokens": params.max_new_tokens, "temperature": params.temperature}
     if params.greedy:
-        notes.append("temperature 0: TGI decodes greedily (top-p and seed are not sent)")
+        notes.append("temperature 0: TGI decodes greedily")
     else:
-        _sampling_fields(params, fields, notes)
+        _sampling_fields(params, fields)
     return fields, notes
 
 
@@ -276,7 +296,8 @@ class TGIBackend:
         notes.append("settings left empty are not sent: TGI's own defaults apply")
         return PreparedRequest(
             messages=tuple(messages), params=params, model=self.adapter_id or NO_ADAPTER_MODEL, sent=sent,
-            ignored=ignore_unsupported(params, SUPPORTED_SETTINGS[self.route], reason),
+            ignored=ignore_unsupported(params, SUPPORTED_SETTINGS[self.route], reason)
+            + dropped_settings(params, self.route),
             notes=tuple(notes), prepare_s=time.perf_counter() - started, body=body,
         )
 

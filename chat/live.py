@@ -97,11 +97,16 @@ def server_props(server: ServerFigures | None) -> dict | None:
 
 def timeline_props(record: RequestRecord, request: PreparedRequest | None,
                    engine_at_start: str | None = None) -> dict:
-    """The reply's timeline for the expandable details: drawn once, after the reply ends."""
+    """The reply's timeline for the expandable details: drawn once, after the reply ends.
+
+    Its marks: request sent (time 0: the clock starts as the prepared request
+    leaves), first byte, first token (first text), end of generation, stream closed.
+    """
     itl = record.itl
     return {
         "engineAtStart": engine_at_start,
         "prepareMs": _ms(request.prepare_s) if request else None,
+        "requestSentMs": 0.0,
         "firstByteMs": _ms(record.first_byte_s),
         "firstTokenMs": _ms(record.first_token_s),
         "lastChunkMs": _ms(record.last_chunk_s),

@@ -490,6 +490,11 @@ def test_finished_reply_opens_its_timeline_with_the_gap_chart_and_the_stored_fig
     assert duration_ms(first_token) == pytest.approx(record["first_token_s"] * 1000, abs=0.51)
     first_byte = timeline.locator('[data-testid="timeline-first-byte"] .font-mono').inner_text()
     assert duration_ms(first_byte) == pytest.approx(record["first_byte_s"] * 1000, abs=0.51)
+    # The first mark is the request leaving: time 0 of the reply's clock.
+    request_sent = timeline.locator('[data-testid="timeline-request-sent"]')
+    expect(request_sent).to_contain_text("request sent")
+    assert duration_ms(request_sent.locator(".font-mono").inner_text()) == 0.0
+    assert timeline.locator('[data-testid^="timeline-"]').first.get_attribute("data-testid") == "timeline-request-sent"
     # The database keeps the same record for this reply, with its per-chunk timeline (the
     # message's metadata carries the figures only: a timeline per message would grow memory).
     assert "chunk_times_s" not in record

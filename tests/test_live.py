@@ -99,3 +99,12 @@ async def test_stop_closes_the_backend_stream_and_marks_the_figures_stopped():
     assert outcome.record.status == "stopped" and closed == [True]
     assert 5 < outcome.record.output_tokens < 100
     assert outcome.text and metrics.props["state"] == "stopped"
+
+
+async def test_timeline_starts_with_the_request_sent_then_first_byte_then_first_text():
+    message, metrics = FakeMessage(), FakeMetrics()
+    await LiveReply(TimedStream(paced(5, 200), backend="Fake", model="m"), message, metrics).run()
+    timeline = metrics.props["timeline"]
+    marks = [timeline[name] for name in ("requestSentMs", "firstByteMs", "firstTokenMs", "lastChunkMs", "totalMs")]
+    assert marks[0] == 0.0  # the clock starts as the request leaves
+    assert marks == sorted(marks) and marks[2] > marks[1]  # the first text came one token after the role chunk

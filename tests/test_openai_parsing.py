@@ -9,6 +9,10 @@ Recordings (tests/recordings/):
 - in-band-error: an error event after the stream started;
 - context-too-long.json: the HTTP 400 body for a prompt over max_model_len.
 
+And two llama.cpp server (kind "openai") stream shapes, hand-written in its
+format (each file says where the format comes from): older builds put usage
+and timings on the finish chunk, newer ones on a separate `choices: []` chunk.
+
 The error mapping is checked end to end through the openai client against a
 loopback server that replays those recorded bodies (with 400/429/401/500) or
 stays silent: answers a healthy vLLM cannot be made to give on demand.
@@ -33,7 +37,8 @@ from backends.errors import (
 from backends.openai_compat import OpenAICompatBackend, error_message, parse_chunk, server_root
 from config import BackendConfig
 from tests.streams import prepared_stream
-from timing import StreamMeter
+from chat.live import final_props
+from timing import StreamMeter, measure_prepared
 
 RECORDINGS = Path(__file__).parent / "recordings"
 USAGE_SOURCE = "vLLM usage"
@@ -52,13 +57,21 @@ def recorded_chunks(name: str) -> list[dict]:
     return chunks
 
 
-def parse_all(chunks: list[dict]) -> list[StreamChunk]:
-    parsed, so_far = [], 0
+def parse_all(chunks: list[dict], usage_source: str = USAGE_SOURCE) -> list[StreamChunk]:
+    """Parse a stream as the backend does (no running count until a chunk carries one)."""
+    parsed, so_far = [], None
     for data in chunks:
-        chunk, so_far = parse_chunk(data, so_far, usage_source=USAGE_SOURCE)
+        chunk, so_far = parse_chunk(data, so_far, usage_source=usage_source)
         if chunk is not None:
             parsed.append(chunk)
     return parsed
+
+
+def record_of(parsed: list[StreamChunk], backend: str = "vllm"):
+    meter = StreamMeter(clock=iter(range(100)).__next__)
+    for chunk in parsed:
+        meter.observe(chunk)
+    return meter.finish("completed", backend=backend, model="m")
 
 
 MULTI_TOKEN = recorded_chunks("vllm-0.32-continuous-usage-multi-token.sse")
@@ -104,10 +117,9 @@ def test_whole_stream_counts_match_server_usage_exactly():
     parsed = parse_all(MULTI_TOKEN)
     assert "".join(c.text for c in parsed) == "Hello, welcome to my little corner of the world"
     assert [c.token_count for c in parsed] == [0, 1, 4, 4, 1, 0]
-    meter = StreamMeter(clock=iter(range(100)).__next__)
-    for chunk in parsed:
-        meter.observe(chunk)
-    record = meter.finish("completed", backend="vllm", model="m")
+    # vLLM's usage on its finish chunk is cumulative: the final count, and that chunk's one token.
+    assert parsed[-2].finish_reason == "length" and parsed[-2].server_figures.output_tokens == 10
+    record = record_of(parsed)
     assert (record.output_tokens, record.tokens_exact, record.count_disagreement) == (10, True, None)
     assert record.server_output_tokens == 10 and record.server_input_tokens == 36
 
@@ -132,6 +144,42 @@ def test_include_usage_only_marks_counts_unknown_until_the_server_says():
     # Four chunks held ten tokens: the estimate is replaced by the server's exact count.
     assert (record.output_tokens, record.tokens_exact) == (10, True)
     assert "usage" in record.token_source
+
+
+LLAMACPP_SHAPES = {
+    "usage on the finish chunk (older builds)": "llamacpp-server-usage-on-finish-chunk.sse",
+    "usage chunk after the finish chunk (newer builds)": "llamacpp-server-usage-chunk-after-finish.sse",
+}
+LLAMACPP_USAGE = "llama.cpp server usage"
+
+
+@pytest.mark.parametrize("recording", LLAMACPP_SHAPES.values(), ids=LLAMACPP_SHAPES.keys())
+def test_llamacpp_server_usage_is_final_and_its_timings_are_kept(recording):
+    """Three tokens in three chunks without counts: the server's usage replaces the estimate
+    (not added to it), and its timings are kept, wherever the server put them."""
+    parsed = parse_all(recorded_chunks(recording), usage_source=LLAMACPP_USAGE)
+    assert "".join(c.text for c in parsed) == "Hello there!"
+    assert [c.token_count for c in parsed if c.text] == [None, None, None]
+    assert sum(c.token_count or 0 for c in parsed) == 0  # no chunk claims the server's tokens as its own
+    record = record_of(parsed, backend="llama.cpp server")
+    assert (record.output_tokens, record.tokens_exact, record.count_disagreement) == (3, True, None)
+    assert record.finish_reason == "stop"
+    server = record.server
+    assert "llama.cpp server timings" in server.source and LLAMACPP_USAGE in server.source
+    assert (server.output_tokens, server.input_tokens) == (3, 12)
+    assert server.prompt_s == pytest.approx(0.0352) and server.decode_s == pytest.approx(0.0486)
+    assert server.decode_tokens_per_s == pytest.approx(61.728, abs=0.001)
+
+
+def test_llamacpp_server_timings_on_a_finish_chunk_without_usage_are_kept():
+    """Newer builds asked without include_usage: the timings ride on the finish chunk alone."""
+    finish = next(data for data in recorded_chunks("llamacpp-server-usage-chunk-after-finish.sse")
+                  if data["choices"] and data["choices"][0]["finish_reason"])
+    timings = recorded_chunks("llamacpp-server-usage-chunk-after-finish.sse")[-1]["timings"]
+    chunk, _ = parse_chunk({**finish, "timings": timings}, None, usage_source=LLAMACPP_USAGE)
+    assert chunk.finish_reason == "stop" and chunk.token_count == 0
+    assert chunk.server_figures.source == "llama.cpp server timings"
+    assert chunk.server_figures.prompt_s == pytest.approx(0.0352)
 
 
 def test_error_message_from_the_context_length_error():
@@ -184,7 +232,10 @@ class CannedServer:
         await self.server.wait_closed()
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        headers = await reader.readuntil(b"\r\n\r\n")
+        await self._answer_after_headers(await reader.readuntil(b"\r\n\r\n"), reader, writer)
+
+    async def _answer_after_headers(self, headers: bytes, reader: asyncio.StreamReader,
+                                    writer: asyncio.StreamWriter) -> None:
         length = next(
             (int(line.split(b":")[1]) for line in headers.split(b"\r\n") if line.lower().startswith(b"content-length")),
             0,
@@ -196,6 +247,23 @@ class CannedServer:
             writer.write(self.response)
             await writer.drain()
         writer.close()
+
+
+class LlamaServerStandIn(CannedServer):
+    """Answers /v1/models like llama.cpp's server and every chat request with one recorded stream."""
+
+    MODELS = json.dumps({"object": "list", "data": [{"id": "smollm2-135m-instruct", "object": "model",
+                                                     "owned_by": "llamacpp"}]}).encode()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        headers = await reader.readuntil(b"\r\n\r\n")
+        if headers.startswith(b"GET ") and b"/models" in headers.split(b"\r\n")[0]:
+            head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            writer.write(head.encode() + f"content-length: {len(self.MODELS)}\r\n\r\n".encode() + self.MODELS)
+            await writer.drain()
+            writer.close()
+            return
+        await super()._answer_after_headers(headers, reader, writer)
 
 
 async def stream_all(base_url: str, received: list[str] | None = None, **config) -> list[str]:
@@ -246,3 +314,25 @@ async def test_silent_server_times_out():
         with pytest.raises(BackendTimeout) as raised:
             await stream_all(base_url, timeout_s=0.5)
     assert "VLLM_TIMEOUT_S" in str(raised.value)
+
+
+@pytest.mark.parametrize("recording", LLAMACPP_SHAPES.values(), ids=LLAMACPP_SHAPES.keys())
+async def test_llamacpp_server_reply_shows_the_exact_count_and_the_servers_timings(recording):
+    """Kind "openai" against llama.cpp's server, through the backend, the measurement and the
+    figures the UI shows: 3 tokens (not 6, not estimated) and the server's own timings, named."""
+    body = (RECORDINGS / recording).read_bytes()
+    async with LlamaServerStandIn.replying("200 OK", body, "text/event-stream") as base_url:
+        backend = OpenAICompatBackend(BackendConfig(name="llamacpp-server", kind="openai",
+                                                    label="llama.cpp server", base_url=base_url))
+        try:
+            request = await backend.prepare([ChatMessage("user", "hi")], GenerationParams(max_new_tokens=10))
+            text, record = await measure_prepared(backend, request)
+        finally:
+            await backend.aclose()
+    assert text == "Hello there!"
+    props = final_props(record, lang="en", request=request)
+    assert (props["tokens"], props["tokensExact"], props["disagreement"]) == (3, True, None)
+    server = props["timeline"]["server"]
+    assert server["source"] == "llama.cpp server usage + llama.cpp server timings"
+    assert (server["promptMs"], server["decodeTokensPerS"], server["promptTokensPerS"]) == (35.2, 61.7, 340.9)
+    assert (server["decodeMs"], server["outputTokens"], server["inputTokens"]) == (48.6, 3, 12)

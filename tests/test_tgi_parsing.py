@@ -7,14 +7,16 @@ model, whose every event was checked against TGI's OpenAPI spec when sent.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from huggingface_hub import ChatCompletionStreamOutput, TextGenerationStreamOutput
 
-from backends.base import GenerationParams
+from backends.base import ChatMessage, GenerationParams
 from backends.errors import BackendOverloaded, GenerationFailed, InputRejected
 from backends.tgi import (
+    ROUTES,
     TGIBackend,
     chat_event_chunks,
     generate_event_chunk,
@@ -22,6 +24,7 @@ from backends.tgi import (
     messages_fields,
     native_parameters,
 )
+from chat.live import ignored_lines
 from config import BackendConfig
 from timing import StreamMeter
 
@@ -123,7 +126,7 @@ def test_native_parameters_send_only_what_the_panel_set():
                       "adapter_id": "lora"}
     assert any("do_sample=false" in note for note in notes)
     no_filter, notes = native_parameters(GenerationParams(temperature=0.5, top_p=1.0, max_new_tokens=8), None)
-    assert "top_p" not in no_filter and any("top-p 1.0" in note for note in notes)
+    assert "top_p" not in no_filter
 
 
 def test_messages_fields_send_only_what_the_panel_set():
@@ -131,3 +134,57 @@ def test_messages_fields_send_only_what_the_panel_set():
     assert fields == {"max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "seed": 4}
     greedy, notes = messages_fields(GenerationParams(temperature=0.0, top_p=0.9, max_new_tokens=8, seed=4))
     assert greedy == {"max_tokens": 8, "temperature": 0.0} and notes
+
+
+def prepared_without_a_server(route: str):
+    """A TGI backend whose prepare() needs no server: a local chat template, a connection just used."""
+    tgi = TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url="http://127.0.0.1:9",
+                                   tgi_route=route, tgi_chat_template="{{ messages[0]['content'] }}"))
+    tgi._last_used_s = time.monotonic()  # no warm-up request
+
+    async def prepare(params: GenerationParams):
+        request = await tgi.prepare([ChatMessage("user", "hi")], params)
+        wire = request.body["parameters"] if route == "generate" else request.body
+        return request, wire
+
+    return prepare
+
+
+GREEDY = "is not sent (greedy decoding at temperature 0): ignored"
+EVERY_SETTING = dict(top_p=0.9, max_new_tokens=8, top_k=5, seed=3, repetition_penalty=1.2)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_greedy_decoding_names_each_setting_it_does_not_send_next_to_the_reply(route):
+    """At temperature 0 TGI gets no top-p, top-k or seed; the note beside the reply names each."""
+    request, wire = await prepared_without_a_server(route)(GenerationParams(temperature=0.0, **EVERY_SETTING))
+    assert not {"top_p", "top_k", "seed"} & set(wire)
+    lines = ignored_lines(request)
+    assert f"top-p {GREEDY}" in lines and f"seed {GREEDY}" in lines
+    if route == "generate":
+        assert wire["do_sample"] is False and wire["repetition_penalty"] == 1.2
+        assert lines == [f"top-p {GREEDY}", f"top-k {GREEDY}", f"seed {GREEDY}"]
+    else:
+        # top-k and repetition penalty are not part of the Messages API at all: said once, with that reason.
+        assert wire["temperature"] == 0.0
+        assert len(lines) == 4 and [line for line in lines if line.startswith("top-k")] == [
+            "top-k is not supported by TGI's Messages API (TGI_ROUTE=generate sends top-k and repetition "
+            "penalty): ignored"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_sampling_sends_those_settings_and_notes_nothing_about_greedy(route):
+    request, wire = await prepared_without_a_server(route)(GenerationParams(temperature=0.7, **EVERY_SETTING))
+    assert (wire["top_p"], wire["seed"], wire["temperature"]) == (0.9, 3, 0.7)
+    lines = ignored_lines(request)
+    assert not [line for line in lines if "greedy" in line]
+    if route == "generate":
+        assert wire["top_k"] == 5 and lines == []
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_top_p_one_is_left_out_and_said_so_next_to_the_reply(route):
+    request, wire = await prepared_without_a_server(route)(GenerationParams(temperature=0.7, top_p=1.0))
+    assert "top_p" not in wire
+    assert ignored_lines(request) == [
+        "top-p 1.0 is not sent (TGI refuses 1.0; without it no top-p filter applies, the same): ignored"]

@@ -15,7 +15,8 @@ const LABELS = {
     queued: (n) => `queued: ${n} ahead`, starting: "sending…", streaming: "streaming",
     completed: "done", stopped: "stopped", error: "failed", estimated: "≈ estimated count",
     finish: "finish", server: "server counted", showTimeline: "timeline ▸", hideTimeline: "timeline ▾",
-    firstByte: "first byte", firstToken: "first token", end: "end of generation", closed: "stream closed",
+    requestSent: "request sent", firstByte: "first byte", firstToken: "first token", end: "end of generation",
+    closed: "stream closed",
     prepared: "prepared before the clock",
     itlTitle: "Gaps between tokens (inter-token latency, ITL)", median: "median", p90: "p90", p99: "p99",
     stall: "longest stall", afterTokens: (n) => `after token ${n}`, gapAxis: "gap (ms)", tokenAxis: "token →",
@@ -37,7 +38,7 @@ const LABELS = {
     queued: (n) => `排队中：前面还有 ${n} 个`, starting: "发送中…", streaming: "生成中",
     completed: "完成", stopped: "已停止", error: "失败", estimated: "≈ 估算的数量",
     finish: "结束原因", server: "服务端计数", showTimeline: "时间线 ▸", hideTimeline: "时间线 ▾",
-    firstByte: "首字节", firstToken: "首 token", end: "生成结束", closed: "流关闭",
+    requestSent: "请求发出", firstByte: "首字节", firstToken: "首 token", end: "生成结束", closed: "流关闭",
     prepared: "计时开始前的准备",
     itlTitle: "token 之间的间隔（ITL）", median: "中位数", p90: "p90", p99: "p99",
     stall: "最长停顿", afterTokens: (n) => `第 ${n} 个 token 之后`, gapAxis: "间隔（毫秒）", tokenAxis: "token →",
@@ -120,7 +121,9 @@ function GapChart({ timeline, t }) {
 
 function Milestones({ timeline, t }) {
   const total = timeline.totalMs || 1;
+  // Time 0 is when the request left (the clock starts then; preparing it came before).
   const marks = [
+    [t.requestSent, timeline.requestSentMs, "#a855f7", "timeline-request-sent"],
     [t.firstByte, timeline.firstByteMs, "#9ca3af", "timeline-first-byte"],
     [t.firstToken, timeline.firstTokenMs, "#3b82f6", "timeline-first-token"],
     [t.end, timeline.lastChunkMs, "#16a34a", "timeline-end"],
