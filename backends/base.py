@@ -187,6 +187,15 @@ class BackendInfo:
     stand_in: str | None = None
 
 
+def display_label(label: str, stand_in: str | None) -> str:
+    """A backend's name wherever its numbers are shown: a stand-in says so ("TGI (stand-in)").
+
+    The one place that decides the wording, so the CSV, the charts, the panel and the
+    simulation results all say the same thing.
+    """
+    return f"{label} (stand-in)" if stand_in else label
+
+
 @dataclass(frozen=True)
 class StreamLimits:
     """How long a reply may take to start and how long it may pause once text flows.

@@ -41,11 +41,15 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-def _positive(limit: int):
+def _whole(low: int, high: int):
+    """An argparse type: a whole number in low..high, else a clear error (never quietly changed)."""
     def parse(text: str) -> int:
-        value = int(text)
-        if not 0 <= value <= limit:
-            raise argparse.ArgumentTypeError(f"{value} is outside 0..{limit}")
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high}")
         return value
     return parse
 
@@ -55,10 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--backends", help="configured backend names, comma-separated (default: all)")
     parser.add_argument("--concurrency", type=_levels, default=(1, 8), help="levels, e.g. 1,8 (default 1,8)")
-    parser.add_argument("--requests", type=_positive(MAX_REQUESTS), default=16, help="requests per level (16)")
-    parser.add_argument("--max-new-tokens", type=_positive(4096), default=128, help="per request (128)")
+    parser.add_argument("--requests", type=_whole(1, MAX_REQUESTS), default=16, help="requests per level (16)")
+    parser.add_argument("--max-new-tokens", type=_whole(1, 4096), default=128, help="per request (128)")
     parser.add_argument("--prompts", default="en", help="zh, en or a JSONL file (default en)")
-    parser.add_argument("--warmup", type=_positive(100), default=1, help="warm-up requests per backend (1)")
+    parser.add_argument("--warmup", type=_whole(0, 100), default=1, help="warm-up requests per backend (1)")
     parser.add_argument("--output", type=Path, help="folder for the four files (default bench/results/<time>)")
     return parser.parse_args(argv)
 
@@ -66,8 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def _main(args: argparse.Namespace, names: list[str], registry: Registry, prompts) -> int:
     from tqdm import tqdm
 
-    settings = RunSettings(concurrency=args.concurrency, requests=args.requests or 1,
-                           max_new_tokens=args.max_new_tokens or 1, warmup=args.warmup, prompt_set=args.prompts)
+    settings = RunSettings(concurrency=args.concurrency, requests=args.requests,
+                           max_new_tokens=args.max_new_tokens, warmup=args.warmup, prompt_set=args.prompts)
     total = len(names) * (settings.warmup + settings.requests * len(settings.concurrency))
     bar = tqdm(total=total, unit="req", dynamic_ncols=True)
     failures = 0

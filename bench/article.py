@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import psutil
 
-from backends.base import GenerationParams
+from backends.base import GenerationParams, display_label
 from backends.errors import BackendError
 from backends.registry import Registry
 from bench.memory import MemoryReading, measure_memory
@@ -232,7 +232,8 @@ def write_outputs(run: BenchmarkRun, directory: Path) -> dict[str, Path]:
         writer.writeheader()
         for engine in run.engines:
             for level in engine.levels:
-                writer.writerows(request_row(level, outcome) for outcome in level.outcomes)
+                writer.writerows(request_row(level, outcome, stand_in=bool(engine.stand_in))
+                                 for outcome in level.outcomes)
     summary = {
         "started_at": run.started_at.isoformat(), "hardware": run.hardware, "settings": asdict(run.settings),
         "interrupted": run.interrupted, "skipped": run.skipped,
@@ -258,7 +259,7 @@ def write_chart(run: BenchmarkRun, path: Path) -> None:
     figure, (throughput, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.8 / max(len(run.engines), 1)
     for index, engine in enumerate(run.engines):
-        label = engine.label + (" (stand-in)" if engine.stand_in else "")
+        label = display_label(engine.label, engine.stand_in)
         xs = [position + index * width for position in range(len(levels))]
         summaries = [engine.at(level) for level in levels]
         throughput.bar(xs, [s.output_throughput if s else 0 for s in summaries], width, label=label)

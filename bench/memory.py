@@ -66,13 +66,23 @@ def gpu_memory_mib(pids: set[int]) -> tuple[float | None, str]:
     except pynvml.NVMLError:
         return None, "not measured (no GPU: NVML is not available)"
     try:
-        used = 0
-        for index in range(pynvml.nvmlDeviceGetCount()):
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            return None, "not measured (NVML sees no GPU)"
+        used: list[int | None] = []
+        for index in range(count):
             device = pynvml.nvmlDeviceGetHandleByIndex(index)
             processes = (pynvml.nvmlDeviceGetComputeRunningProcesses(device)
                          + pynvml.nvmlDeviceGetGraphicsRunningProcesses(device))
-            used += sum(p.usedGpuMemory or 0 for p in processes if p.pid in pids)
-        return used / MIB, "NVML, the engine's processes"
+            used += [p.usedGpuMemory for p in processes if p.pid in pids]
+        # Zero would be a guess in both cases: NVML may list other PIDs than ours (another PID
+        # namespace, as in a container), and may not know a process's memory (None).
+        if not used:
+            return None, ("not measured (NVML lists none of the engine's processes: it uses no GPU, "
+                          "or runs in another PID namespace, e.g. a container)")
+        if any(value is None for value in used):
+            return None, "not measured (NVML does not report the memory of the engine's processes here)"
+        return sum(used) / MIB, "NVML, the engine's processes"
     except pynvml.NVMLError as error:
         return None, f"not measured (NVML: {error})"
     finally:

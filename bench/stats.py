@@ -127,20 +127,24 @@ def summarise(level: LevelResult) -> LevelSummary:
     )
 
 
-REQUEST_COLUMNS = ("backend", "max_concurrency", "index", "prompt", "success", "input_len", "output_len",
+REQUEST_COLUMNS = ("backend", "stand_in", "max_concurrency", "index", "prompt", "success", "input_len", "output_len",
                    "ttft_ms", "tpot_ms", "e2el_ms", "itl_mean_ms", "itl_max_ms", "decode_tokens_per_s",
                    "tokens_exact", "started_at_unix_s", "error")
 
 
-def request_row(level: LevelResult, outcome: RequestOutcome) -> dict:
-    """One request as a CSV row (vLLM's per-request names where they exist: input_len, output_len...)."""
+def request_row(level: LevelResult, outcome: RequestOutcome, *, stand_in: bool) -> dict:
+    """One request as a CSV row (vLLM's per-request names where they exist: input_len, output_len...).
+
+    `stand_in`: the backend only stands in for the engine it is named after (the
+    TGI-protocol test server), so its rows are not that engine's numbers.
+    """
     record = outcome.record
 
     def ms(seconds: float | None) -> float | None:
         return None if seconds is None else round(seconds * 1000, 3)
 
     return {
-        "backend": level.backend, "max_concurrency": level.concurrency, "index": outcome.index,
+        "backend": level.backend, "stand_in": stand_in, "max_concurrency": level.concurrency, "index": outcome.index,
         "prompt": outcome.prompt_source, "success": outcome.ok, "input_len": outcome.input_tokens,
         "output_len": record.output_tokens if record else None,
         "ttft_ms": ms(record.first_token_s) if record else None,

@@ -14,6 +14,8 @@ concurrency, the same number of new tokens and greedy decoding, it runs:
 
 Both run twice, interleaved, after a warm-up (vLLM caches prompt prefixes, so a
 cold first run would favour the second tool). Goal: output tokens/s within 5%.
+It exits 1, naming each failed check, when a request failed, a token count
+differs from vLLM's usage or the throughput is outside the goal.
 
 Run: `.venv/bin/python -m bench.vllm_agreement [--requests 32] [--concurrency 8] [--max-new-tokens 64]
       [--base-url http://127.0.0.1:8001/v1]` (without --base-url it starts vLLM itself, ~1 min).
@@ -46,6 +48,24 @@ from scripts.vllm_launch import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, server_co
 from tests.servers import ServerProcess, free_port  # noqa: E402
 
 TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+THROUGHPUT_GOAL = 0.05  # ours / vllm bench serve within 5%
+
+
+def agreement_failures(throughput_ratio: float | None, counts_equal: int, completed: int, sent: int,
+                       goal: float = THROUGHPUT_GOAL) -> list[str]:
+    """The checks that failed, each saying why (empty: all met): every request completed, every
+    token count equals vLLM's usage, and output tokens/s (ours / vllm bench serve) is within `goal`."""
+    failures = []
+    if completed < sent:
+        failures.append(f"{sent - completed} of {sent} requests failed")
+    if counts_equal < completed:
+        failures.append(f"token counts: {completed - counts_equal} of {completed} requests differ from vLLM's usage")
+    if throughput_ratio is None:
+        failures.append("output tokens/s: no figure from one side to compare")
+    elif abs(throughput_ratio - 1) > goal:
+        failures.append(f"output tokens/s: ours / vllm bench serve = {throughput_ratio:.3f}, "
+                        f"outside the {goal:.0%} goal")
+    return failures
 
 
 def ttft_histogram(root_url: str) -> tuple[float, float]:
@@ -170,17 +190,26 @@ def main(argv: list[str] | None = None) -> int:
         values = [run.get(key) for run in runs]
         shown = "".join(f"{v:>12.1f}" if v is not None else f"{'–':>12}" for v in values)
         print(f"{label:<34}{shown}{mean(runs, key) or 0:>12.1f}")
-    ratio = mean(our_runs, "output_throughput") / mean(their_runs, "output_throughput")
-    transport = mean(our_runs, "mean_ttft_ms") - mean(our_runs, "vllm_histogram_mean_ttft_ms")
+    ours_rate, theirs_rate = mean(our_runs, "output_throughput"), mean(their_runs, "output_throughput")
+    ratio = ours_rate / theirs_rate if ours_rate is not None and theirs_rate else None
+    ours_ttft, their_ttft = mean(our_runs, "mean_ttft_ms"), mean(our_runs, "vllm_histogram_mean_ttft_ms")
     exact = sum(run["counts_equal_usage"] for run in our_runs)
     completed = sum(run["completed"] for run in our_runs)
-    print(f"\noutput tokens/s, ours / vllm bench serve: {ratio:.3f} "
-          f"({'within' if abs(ratio - 1) <= 0.05 else 'outside'} the 5% goal)")
-    print(f"mean TTFT, ours - vLLM's own histogram: {transport:+.1f} ms (the fixed transport and client cost)")
+    failures = agreement_failures(ratio, exact, completed, sent=len(prompts) * len(our_runs))
+    if ratio is not None:
+        print(f"\noutput tokens/s, ours / vllm bench serve: {ratio:.3f} "
+              f"({'within' if abs(ratio - 1) <= THROUGHPUT_GOAL else 'outside'} the {THROUGHPUT_GOAL:.0%} goal)")
+    if ours_ttft is not None and their_ttft is not None:
+        print(f"mean TTFT, ours - vLLM's own histogram: {ours_ttft - their_ttft:+.1f} ms "
+              "(the fixed transport and client cost)")
     print(f"token counts equal to vLLM's usage: {exact}/{completed} requests; "
           f"vLLM's histogram counted {[run['vllm_histogram_requests'] for run in our_runs]} requests")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    return 0
+    for failure in failures:
+        print(f"FAILED: {failure}", file=sys.stderr)
+    if not failures:
+        print("All checks met: every token count equals vLLM's usage, output tokens/s within the goal.")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

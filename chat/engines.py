@@ -13,9 +13,9 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from backends.base import Backend, GenerationParams
+from backends.base import Backend, GenerationParams, display_label
 from backends.engine_metrics import EngineRates, EngineSnapshot, MetricsFormatError, rates
 from backends.errors import BackendError
 from bench.prompt_sets import BenchPrompt
@@ -100,7 +100,7 @@ def engine_rows(snapshot: EngineSnapshot, change: EngineRates | None) -> list[di
 class SimulationPoint:
     """One finished simulation: N users on one backend, and what it achieved."""
 
-    backend: str
+    backend: str  # the backend's display label: a stand-in says so
     users: int
     output_tokens_per_s: float
     mean_ttft_ms: float | None
@@ -114,10 +114,16 @@ class Simulation:
 
     backend: Backend
     users: int
+    stand_in: str | None = None  # the backend's BackendInfo.stand_in
     live: LiveCounters = field(default_factory=LiveCounters)
     started_at_s: float = field(default_factory=time.monotonic)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, output tokens so far)
     result: SimulationPoint | None = None
+
+    @property
+    def label(self) -> str:
+        """The backend as its results are shown (a stand-in says so)."""
+        return display_label(self.backend.label, self.stand_in)
 
     def sample(self) -> None:
         self.samples.append((time.monotonic() - self.started_at_s, self.live.output_tokens))
@@ -138,7 +144,7 @@ class Simulation:
         done = [o.record for o in level.outcomes if o.ok]
         ttfts = [r.first_token_s * 1000 for r in done if r.first_token_s is not None]
         self.result = SimulationPoint(
-            backend=self.backend.label, users=self.users,
+            backend=self.label, users=self.users,
             output_tokens_per_s=sum(r.output_tokens for r in done) / level.duration_s if level.duration_s else 0.0,
             mean_ttft_ms=statistics.fmean(ttfts) if ttfts else None,
             completed=len(done), failed=len(level.outcomes) - len(done),
@@ -148,11 +154,16 @@ class Simulation:
 
 def panel_props(readings: Sequence[EngineReading], previous: dict[str, EngineSnapshot], lang: str, *,
                 simulation: Simulation | None = None, points: Sequence[SimulationPoint] = (),
-                can_simulate: bool = True, message: str | None = None) -> dict:
-    """Props for the engine panel: one card per backend, the running simulation, the N-users chart."""
+                can_simulate: bool = True, message: str | None = None,
+                stand_ins: Mapping[str, str | None] = {}) -> dict:
+    """Props for the engine panel: one card per backend, the running simulation, the N-users chart.
+
+    `stand_ins`: backend name -> its BackendInfo.stand_in, so a stand-in's card says so.
+    """
     engines = []
     for reading in readings:
-        entry: dict = {"name": reading.name, "label": reading.label, "problem": reading.problem}
+        entry: dict = {"name": reading.name, "label": display_label(reading.label, stand_ins.get(reading.name)),
+                       "problem": reading.problem}
         if reading.snapshot is not None:
             before = previous.get(reading.name)
             change = None
@@ -167,7 +178,7 @@ def panel_props(readings: Sequence[EngineReading], previous: dict[str, EngineSna
     running = None
     if simulation is not None and simulation.result is None:
         ttfts = simulation.live.first_token_s
-        running = {"backend": simulation.backend.label, "users": simulation.users,
+        running = {"backend": simulation.label, "users": simulation.users,
                    "inFlight": simulation.live.in_flight, "finished": simulation.live.finished,
                    "total": simulation.users * SIMULATION_REQUESTS_PER_USER, "failed": simulation.live.failed,
                    "tokensPerS": simulation.tokens_per_s_now(),

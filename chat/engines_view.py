@@ -4,9 +4,12 @@ The panel shows the session's backend(s) - the chosen one, or the compared ones
 - refreshed about once a second while it is open (at most 10 minutes), from each
 engine's own metrics (`chat.engines`). A simulation sends N concurrent users'
 requests through the one load engine, in the background, so the person's own
-chat keeps working; one runs at a time per app, and with login on only teachers
-may start one (so a classroom cannot multiply the load by 30). /bench runs a
-short `python -m bench` on the same backends and shows its table and chart.
+chat keeps working. /bench runs a short `python -m bench` on the same backends
+and shows its table and chart. Both are load: one load run (a simulation or a
+/bench) at a time per app, with login on only teachers may start one (so a
+classroom cannot multiply the load by 30), and none in blind mode (an engine's
+load would show which column is which). A stand-in backend is labelled as one
+wherever its numbers appear (`display_label`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from dataclasses import dataclass, field
 import chainlit as cl
 import plotly.graph_objects as go
 
+from backends.base import display_label
 from backends.engine_metrics import EngineSnapshot
 from bench.article import RunSettings, article_table, run_benchmark
 from bench.prompt_sets import load_prompt_set
 from chat.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props, take_snapshot
+from chat.flow import AppState, Notice, load_refusal
 from chat.i18n import text
 from chat.session import MetricsElement, app_state, current_user, lang, say, session_settings
 
@@ -86,11 +91,14 @@ async def _refresh(panel: Panel) -> None:
     state = app_state()
     backends = [state.registry.get(name) for name in panel.backends]
     readings = await asyncio.gather(*(take_snapshot(backend) for backend in backends))
+    # An engine whose metrics answer is up: ask its status if none is known yet (cached a while).
+    stand_ins = await _stand_ins(panel.backends, probe={r.name for r in readings if r.snapshot is not None})
     simulation = state.simulation
     if simulation is not None and simulation.result is None:
         simulation.sample()
     panel.element.props = panel_props(readings, panel.previous, lang(), simulation=simulation, points=panel.points,
-                                      can_simulate=_may_load(current_user()), message=panel.message)
+                                      can_simulate=_may_load(current_user()), message=panel.message,
+                                      stand_ins=stand_ins)
     panel.previous = {reading.name: reading.snapshot for reading in readings if reading.snapshot is not None}
     await panel.element.update()
 
@@ -104,6 +112,20 @@ async def _refresh_loop(panel: Panel) -> None:
     await _refresh(panel)
 
 
+async def _stand_ins(names: list[str], probe: set[str] | frozenset[str] = frozenset()) -> dict[str, str | None]:
+    """Each backend's `stand_in` (what it only stands in for, or None) from its last known status;
+    the names in `probe` are asked when none is known (the answer is cached a while)."""
+    state = app_state()
+    known = state.cached_statuses()
+    stand_ins = {}
+    for name in names:
+        status = known.get(name)
+        if (status is None or status.info is None) and name in probe:
+            status = await state.status(name)
+        stand_ins[name] = status.info.stand_in if status is not None and status.info is not None else None
+    return stand_ins
+
+
 async def simulate(payload: object) -> dict:
     """Start N simulated users on this chat's backend(s), in the background. Returns {"ok", "message"}."""
     state, lang_code = app_state(), lang()
@@ -111,44 +133,48 @@ async def simulate(payload: object) -> dict:
     if users not in SIMULATION_USERS:
         return await _refuse(text("simulate_bad_users", lang_code, users=str(users)[:20],
                                   allowed=", ".join(map(str, SIMULATION_USERS))))
-    if not _may_load(current_user()):
-        return await _refuse(text("simulate_teachers_only", lang_code))
-    if session_settings().mode == "blind":
-        return await _refuse(text("panel_blind", lang_code))
-    async with state.simulation_lock:
-        running = state.simulation
-        if running is not None and running.result is None:
-            return await _refuse(text("simulate_busy", lang_code, users=running.users, backend=running.backend.label))
-        backends = [state.registry.get(name) for name in chosen_backends()]
-        state.simulation = Simulation(backends[0], users)
-    if _panel() is None:
-        await open_panel()
-    asyncio.create_task(_run_simulations(backends, users))
-    message = text("simulate_started", lang_code, users=users, backends=", ".join(b.label for b in backends))
+    names = chosen_backends()
+    backends = [state.registry.get(name) for name in names]
+    async with state.load_lock:
+        if (refusal := load_refusal(state, session_settings().mode, current_user())) is not None:
+            return await _refuse(refusal.render(lang_code))
+        stand_ins = await _stand_ins(names, probe=set(names))
+        labels = ", ".join(display_label(b.label, stand_ins[b.name]) for b in backends)
+        state.simulation = Simulation(backends[0], users, stand_ins[backends[0].name])
+        if _panel() is None:
+            await open_panel()
+        state.start_load(asyncio.create_task(_run_simulations(backends, users, stand_ins)),
+                         Notice("simulate_busy", {"users": users, "backend": labels}))
+    message = text("simulate_started", lang_code, users=users, backends=labels)
     await say(message)
     return {"ok": True, "message": message}
 
 
-async def _run_simulations(backends, users: int) -> None:
+async def _run_simulations(backends, users: int, stand_ins: dict[str, str | None]) -> None:
     state = app_state()
-    prompts = load_prompt_set(SIMULATION_PROMPTS)
-    results = []
     try:
-        for backend in backends:
-            simulation = state.simulation if state.simulation.backend is backend else Simulation(backend, users)
-            state.simulation = simulation
-            results.append(await simulation.run(prompts))
-            panel = _panel()
-            if panel is not None:
-                panel.points.append(simulation.result)
+        prompts = load_prompt_set(SIMULATION_PROMPTS)
+        results = []
+        try:
+            for backend in backends:
+                simulation = state.simulation
+                if simulation is None or simulation.backend is not backend:
+                    simulation = Simulation(backend, users, stand_ins.get(backend.name))
+                state.simulation = simulation
+                results.append(await simulation.run(prompts))
+                panel = _panel()
+                if panel is not None:
+                    panel.points.append(simulation.result)
+        finally:
+            if state.simulation is not None and state.simulation.result is None:
+                state.simulation.result = SimulationPoint(state.simulation.label, users, 0.0, None, 0, 0)
+        lines = [f"| {p.backend} | {p.users} | {p.output_tokens_per_s:.1f} | "
+                 f"{'–' if p.mean_ttft_ms is None else f'{p.mean_ttft_ms:.0f}'} | {p.completed} | {p.failed} |"
+                 for p in results]
+        await say(text("simulate_done", lang(), users=users) + "\n\n| backend | users | tokens/s (all) | "
+                  "mean TTFT ms | replies | failed |\n|---|---|---|---|---|---|\n" + "\n".join(lines))
     finally:
-        if state.simulation is not None and state.simulation.result is None:
-            state.simulation.result = SimulationPoint(state.simulation.backend.label, users, 0.0, None, 0, 0)
-    lines = [f"| {p.backend} | {p.users} | {p.output_tokens_per_s:.1f} | "
-             f"{'–' if p.mean_ttft_ms is None else f'{p.mean_ttft_ms:.0f}'} | {p.completed} | {p.failed} |"
-             for p in results]
-    await say(text("simulate_done", lang(), users=users) + "\n\n| backend | users | tokens/s (all) | mean TTFT ms | "
-              "replies | failed |\n|---|---|---|---|---|---|\n" + "\n".join(lines))
+        state.end_load(asyncio.current_task())
 
 
 async def _refuse(message: str) -> dict:
@@ -158,11 +184,22 @@ async def _refuse(message: str) -> dict:
 
 async def run_bench() -> None:
     """A short benchmark of this chat's backend(s) with the app's load engine, with progress."""
-    lang_code = lang()
-    if not _may_load(current_user()):
-        await say(f"⚠️ {text('simulate_teachers_only', lang_code)}")
-        return
+    state, lang_code = app_state(), lang()
     names = chosen_backends()
+    async with state.load_lock:
+        if (refusal := load_refusal(state, session_settings().mode, current_user())) is not None:
+            await _refuse(refusal.render(lang_code))
+            return
+        stand_ins = await _stand_ins(names, probe=set(names))
+        state.start_load(asyncio.current_task(), Notice("bench_busy", {"backends": ", ".join(
+            display_label(state.registry.get(name).label, stand_ins[name]) for name in names)}))
+    try:
+        await _bench(state, names, lang_code)
+    finally:
+        state.end_load(asyncio.current_task())
+
+
+async def _bench(state: AppState, names: list[str], lang_code: str) -> None:
     total = len(names) * (CHAT_BENCH.warmup + CHAT_BENCH.requests * len(CHAT_BENCH.concurrency))
     progress = await say(text("bench_progress", lang_code, done=0, total=total, bar="░" * 20, stage="…"))
     done = 0
@@ -179,10 +216,10 @@ async def run_bench() -> None:
                                     bar="▓" * filled + "░" * (20 - filled), stage=stage)
             asyncio.get_running_loop().create_task(progress.update())
 
-    run = await run_benchmark(app_state().registry, names, load_prompt_set(CHAT_BENCH.prompt_set), CHAT_BENCH, report)
+    run = await run_benchmark(state.registry, names, load_prompt_set(CHAT_BENCH.prompt_set), CHAT_BENCH, report)
     figure = go.Figure()
     for engine in run.engines:
-        name = engine.label + (" (stand-in)" if engine.stand_in else "")
+        name = display_label(engine.label, engine.stand_in)
         figure.add_trace(go.Bar(name=f"{name} tokens/s", x=[f"{s.concurrency} concurrent" for s in engine.summaries],
                                 y=[round(s.output_throughput, 1) for s in engine.summaries]))
     figure.update_layout(yaxis_title="output tokens/s (all requests)", barmode="group", height=360, margin=dict(t=30))

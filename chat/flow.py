@@ -64,9 +64,13 @@ class AppState:
     _store: Store | None = None
     storage_problem: str | None = None
     _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # One simulation of N users at a time in the whole app (a classroom must not multiply the load).
+    # One load run at a time in the whole app - a simulation of N users or a /bench - so a classroom
+    # cannot multiply the load. The running one's task is kept here until it ends (asyncio itself
+    # keeps only a weak reference to a task), with the notice that refuses another meanwhile.
     simulation: Simulation | None = None
-    simulation_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    load_task: asyncio.Task | None = None
+    load_notice: Notice | None = None
+    load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AppState":
@@ -126,6 +130,32 @@ class AppState:
     def cached_statuses(self) -> dict[str, BackendStatus]:
         """The last status seen of each backend probed so far (no probing)."""
         return {name: status for name, (_, status) in self._statuses.items()}
+
+    def running_load(self) -> Notice | None:
+        """The load run going on now, as the notice that refuses another one; None when there is none."""
+        if self.load_task is None or self.load_task.done():
+            return None
+        return self.load_notice
+
+    def start_load(self, task: asyncio.Task, notice: Notice) -> None:
+        """Make `task` the app's one load run (under `load_lock`, after `running_load()` said None);
+        the task calls `end_load` when it ends."""
+        self.load_task, self.load_notice = task, notice
+
+    def end_load(self, task: asyncio.Task | None) -> None:
+        if self.load_task is task:
+            self.load_task, self.load_notice = None, None
+
+
+def load_refusal(state: AppState, mode: str, user: str | None) -> Notice | None:
+    """Why this person may not start load (a simulation or /bench) now, or None. With login on only
+    teachers may; never in blind mode (an engine's load would show which column is which); and one
+    load run at a time in the app."""
+    if not state.auth.is_teacher(user):
+        return Notice("simulate_teachers_only")
+    if mode == "blind":
+        return Notice("panel_blind")
+    return state.running_load()
 
 
 # A reply that failed this way may mean the server went down: probe it again and show the result.

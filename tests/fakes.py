@@ -34,6 +34,7 @@ class FakeBackend:
     replies: list[FakeReply] = field(default_factory=list)
     available: bool = True
     context_length: int = 4096
+    stand_in: str | None = None  # as BackendInfo.stand_in: what it only stands in for
     requests: list[PreparedRequest] = field(default_factory=list)
     started_at: list[float] = field(default_factory=list)
     ended_at: list[float] = field(default_factory=list)
@@ -73,7 +74,7 @@ class FakeBackend:
             raise BackendUnavailable(self.label, self.url, "the server is not reachable.")
 
     async def info(self) -> BackendInfo:
-        return BackendInfo(model_id=f"{self.name}-model", context_length=self.context_length)
+        return BackendInfo(model_id=f"{self.name}-model", context_length=self.context_length, stand_in=self.stand_in)
 
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
         return sum(len(m.content.split()) + 4 for m in messages)

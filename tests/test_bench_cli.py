@@ -1,4 +1,5 @@
-"""`python -m bench` against real engines: the embedded model, the real vLLM server, the TGI stand-in."""
+"""`python -m bench` against real engines: the embedded model, the real vLLM server, the TGI stand-in;
+and its arguments (no server)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ import time
 
 import pytest
 
+from bench.__main__ import parse_args
 from tests.fixtures_app import backend_env, closed_loopback_url, start_paced_server
 from tests.servers import REPO
-
-pytestmark = [pytest.mark.slow]
 
 
 def run_bench(env: dict[str, str], *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
@@ -23,6 +23,7 @@ def run_bench(env: dict[str, str], *args: str, timeout_s: float = 600) -> subpro
                           capture_output=True, text=True, timeout=timeout_s)
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_the_cli_measures_three_engines_and_writes_four_consistent_files(tmp_path, vllm_base_url, tgi_server):
     env = {"BACKENDS": "llama_cpp,vllm,tgi,down", "VLLM_BASE_URL": vllm_base_url, "TGI_BASE_URL": tgi_server.url,
@@ -64,6 +65,7 @@ def _ctrl_c_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_writes_what_was_measured_so_far(tmp_path):
     paced = start_paced_server(rate_tokens_per_s=20, tokens=60, name="paced-bench-interrupt")
     try:
@@ -90,3 +92,18 @@ def test_ctrl_c_writes_what_was_measured_so_far(tmp_path):
             time.sleep(0.2)
     finally:
         paced.stop()
+
+
+@pytest.mark.parametrize("option, value", [("--requests", "0"), ("--requests", "-3"), ("--max-new-tokens", "0"),
+                                           ("--max-new-tokens", "-1"), ("--requests", "many")])
+def test_no_requests_or_no_new_tokens_is_refused_not_quietly_made_one(option, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([option, value])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert f"argument {option}" in error and (f"{value} is outside 1.." in error or "not a whole number" in error)
+
+
+def test_the_smallest_run_and_no_warm_up_are_accepted():
+    args = parse_args(["--requests", "1", "--max-new-tokens", "1", "--warmup", "0"])
+    assert (args.requests, args.max_new_tokens, args.warmup) == (1, 1, 0)

@@ -83,6 +83,8 @@ def test_outputs_are_four_files_with_consistent_counts(tmp_path):
     assert sorted(path.name for path in paths.values()) == ["chart.png", "requests.csv", "summary.json", "table.md"]
     rows = list(csv.DictReader(open(paths["requests.csv"], encoding="utf-8")))
     assert len(rows) == 6 and sum(row["success"] == "True" for row in rows) == 4
+    # The stand-in's requests say so in every row; the real engine's say they are not.
+    assert {(row["backend"], row["stand_in"]) for row in rows} == {("vllm", "False"), ("tgi", "True")}
     summary = json.loads(paths["summary.json"].read_text())
     for engine_summary in summary["engines"]:
         (only,) = engine_summary["levels"]

@@ -69,7 +69,7 @@ def test_vllm_panel_moves_under_simulated_load_and_back(page: Page, app_factory,
     watch_panel(page, "vllm", "running", lambda r: as_int(r[-1]) == 0, timeout_s=30)
     expect(page.locator('[data-testid="users-chart-rate"] circle')).to_have_count(1, timeout=10_000)
 
-    # A reply records what the engine was doing when it left.
+    # A reply records what the engine was doing just before it was sent.
     command(page, "Say hello.")
     expect(page.locator('[data-testid="metrics"][data-state="completed"]').last).to_be_visible(timeout=120_000)
     (reply,) = [r for r in run_coroutine(stored(app.env["DATABASE_URL"], "replies", 50)) if r.prompt == "Say hello."]
@@ -108,6 +108,7 @@ def test_the_tgi_stand_ins_metrics_reach_the_panel_and_bench_runs_in_the_chat(pa
     command(page, "/engines")
     card = page.locator('[data-testid="engine-tgi"]')
     expect(card).to_contain_text("TGI /metrics", timeout=30_000)
+    expect(card).to_contain_text("TGI (stand-in)")  # its card says it only stands in for TGI
     expect(card.locator('[data-testid="engine-row-queue"]')).to_be_visible()
     expect(card.locator('[data-testid="engine-row-batch"]')).to_be_visible()
     command(page, "/bench")

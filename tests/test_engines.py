@@ -1,0 +1,153 @@
+"""The engines at work without a browser: the panel's labels, simulations and /bench as load
+(one load run per app, none in blind mode, teachers only), on fake backends."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from backends.engine_metrics import EngineSnapshot
+from bench.prompt_sets import load_prompt_set
+from chat import engines_view
+from chat.auth import AuthConfig
+from chat.engines import EngineReading, Simulation, SimulationPoint, panel_props
+from chat.flow import Notice, load_refusal
+from chat.settings import SessionSettings
+from tests.fakes import FakeBackend, FakeReply, fake_state
+
+STAND_IN = "TGI-protocol test server, not TGI itself"
+
+
+def settings(backend: str, mode: str = "chat", compare: tuple[str, ...] = ()) -> SessionSettings:
+    return SessionSettings(backend=backend, temperature=0.7, top_p=0.95, max_new_tokens=32, system_preset="none",
+                           mode=mode, compare_backends=compare)
+
+
+def test_a_stand_ins_card_running_simulation_and_chart_points_say_stand_in():
+    tgi = FakeBackend("tgi", label="TGI")
+    readings = [EngineReading("tgi", "TGI", EngineSnapshot(source="TGI /metrics", taken_at_s=1.0, queue_size=2)),
+                EngineReading("vllm", "vLLM", EngineSnapshot(source="vLLM /metrics", taken_at_s=1.0,
+                                                             running_requests=1))]
+    simulation = Simulation(tgi, 4, STAND_IN)
+    points = [SimulationPoint(Simulation(tgi, 2, STAND_IN).label, 2, 10.0, 300.0, 4, 0)]
+    props = panel_props(readings, {}, "en", simulation=simulation, points=points,
+                        stand_ins={"tgi": STAND_IN, "vllm": None})
+    assert [engine["label"] for engine in props["engines"]] == ["TGI (stand-in)", "vLLM"]
+    assert props["simulation"]["backend"] == "TGI (stand-in)"
+    assert props["points"][0]["backend"] == "TGI (stand-in)"
+
+
+def _prompts():
+    return load_prompt_set("en")[:2]
+
+
+async def test_a_simulations_result_names_a_stand_in_as_one():
+    point = await Simulation(FakeBackend("tgi", label="TGI"), 1, STAND_IN).run(_prompts())
+    assert point.backend == "TGI (stand-in)" and point.completed == 2
+    plain = await Simulation(FakeBackend("vllm", label="vLLM"), 1).run(_prompts())
+    assert plain.backend == "vLLM"
+
+
+def test_who_may_start_load_and_when():
+    state = fake_state(FakeBackend("a"))
+    state.auth = AuthConfig(users={"teacher": "x", "student": "x"}, teachers=frozenset({"teacher"}))
+    assert load_refusal(state, "chat", "student") == Notice("simulate_teachers_only")
+    assert load_refusal(state, "blind", "teacher") == Notice("panel_blind")
+    assert load_refusal(state, "compare", "teacher") is None
+    busy = Notice("simulate_busy", {"users": 4, "backend": "a"})
+    never_done = SimpleNamespace(done=lambda: False)
+    state.start_load(never_done, busy)
+    assert load_refusal(state, "chat", "teacher") == busy
+    state.end_load(SimpleNamespace(done=lambda: False))  # another task's end releases nothing
+    assert state.running_load() == busy
+    state.end_load(never_done)
+    assert state.running_load() is None and load_refusal(state, "chat", "teacher") is None
+
+
+@pytest.fixture
+def view(monkeypatch):
+    """chat.engines_view with its Chainlit helpers replaced; what it says is kept in `said`."""
+    world = SimpleNamespace(state=None, settings=None, user=None, said=[])
+
+    async def say(content: str, **kwargs):
+        world.said.append(content)
+        return SimpleNamespace(content=content, update=_nothing)
+
+    monkeypatch.setattr(engines_view, "app_state", lambda: world.state)
+    monkeypatch.setattr(engines_view, "session_settings", lambda: world.settings)
+    monkeypatch.setattr(engines_view, "current_user", lambda: world.user)
+    monkeypatch.setattr(engines_view, "lang", lambda: "en")
+    monkeypatch.setattr(engines_view, "say", say)
+    monkeypatch.setattr(engines_view, "_panel", lambda: None)
+    monkeypatch.setattr(engines_view, "open_panel", _nothing)
+    return world
+
+
+async def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+async def test_bench_is_refused_in_blind_mode_and_sends_nothing(view):
+    a, b = FakeBackend("a"), FakeBackend("b")
+    view.state, view.settings = fake_state(a, b), settings("a", mode="blind", compare=("a", "b"))
+    await engines_view.run_bench()
+    assert "/bench are off in blind mode" in view.said[-1]
+    assert view.state.running_load() is None and a.requests == [] and b.requests == []
+
+
+async def test_bench_waits_its_turn_behind_a_simulation_which_the_app_keeps_until_it_ends(view):
+    tgi = FakeBackend("tgi", label="TGI", stand_in=STAND_IN,
+                      replies=[FakeReply(["word "] * 15, interval_s=0.02) for _ in range(2)])
+    view.state, view.settings = fake_state(tgi), settings("tgi")
+    started = await engines_view.simulate({"users": 1})
+    assert started["ok"] and "TGI (stand-in)" in started["message"]
+    task = view.state.load_task
+    assert isinstance(task, asyncio.Task) and not task.done()  # the app holds the simulation's task
+    await engines_view.run_bench()
+    assert "A simulation is already running (1 users on TGI (stand-in))" in view.said[-1]
+    await asyncio.wait_for(task, 30)
+    assert view.state.load_task is None and view.state.running_load() is None
+    assert len(tgi.requests) == 2  # the simulation's two; /bench sent none
+    assert "| TGI (stand-in) | 1 |" in view.said[-1]  # the results table
+    assert view.state.simulation.result.backend == "TGI (stand-in)"
+
+
+class BenchStopped(Exception):
+    pass
+
+
+async def test_a_simulation_waits_its_turn_behind_a_bench_and_a_failed_bench_frees_the_app(view, monkeypatch):
+    tgi = FakeBackend("tgi", label="TGI", stand_in=STAND_IN)
+    view.state, view.settings = fake_state(tgi), settings("tgi")
+    running, release = asyncio.Event(), asyncio.Event()
+
+    async def run_benchmark(*args, **kwargs):
+        running.set()
+        await release.wait()
+        raise BenchStopped
+
+    monkeypatch.setattr(engines_view, "run_benchmark", run_benchmark)
+    bench = asyncio.create_task(engines_view.run_bench())
+    await asyncio.wait_for(running.wait(), 10)
+    refused = await engines_view.simulate({"users": 2})
+    assert not refused["ok"] and "A /bench is already running (on TGI (stand-in))" in refused["message"]
+    await engines_view.run_bench()  # a second /bench too
+    assert "A /bench is already running" in view.said[-1]
+    release.set()
+    with pytest.raises(BenchStopped):
+        await bench
+    assert view.state.running_load() is None
+    started = await engines_view.simulate({"users": 1})
+    assert started["ok"]
+    await asyncio.wait_for(view.state.load_task, 30)
+
+
+async def test_the_panel_learns_a_stand_in_from_the_backends_status(view):
+    tgi = FakeBackend("tgi", label="TGI", stand_in=STAND_IN)
+    view.state = fake_state(tgi, FakeBackend("vllm", label="vLLM"))
+    assert await engines_view._stand_ins(["tgi", "vllm"]) == {"tgi": None, "vllm": None}  # nothing known yet
+    assert await engines_view._stand_ins(["tgi", "vllm"], probe={"tgi", "vllm"}) == {"tgi": STAND_IN, "vllm": None}
+    tgi.stand_in = None  # known now: the cached status answers, without asking again
+    assert await engines_view._stand_ins(["tgi"]) == {"tgi": STAND_IN}
