@@ -18,7 +18,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping, Sequence
 
-from backends.base import SETTING_LABELS, Backend, ChatMessage, PreparedRequest
+from backends.base import SETTING_LABELS, Backend, ChatMessage, PreparedRequest, display_label
 from backends.engine_metrics import EngineSnapshot
 from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
 from backends.registry import BackendStatus, Registry
@@ -177,11 +177,17 @@ class ReplyPlan:
     request: PreparedRequest
     notices: tuple[Notice, ...] = ()
     engine_at_start: EngineSnapshot | None = None
+    stand_in: str | None = None  # the server stands in for another engine (the TGI-protocol test server)
+
+    @property
+    def label(self) -> str:
+        """The backend's name wherever this reply's numbers are shown ("TGI (stand-in)")."""
+        return display_label(self.backend.label, self.stand_in)
 
     def open_stream(self) -> TimedStream:
         """The measured stream under the backend's first-token and stall limits; the request
         leaves (and the clock starts) on its first iteration."""
-        return TimedStream(watched(self.backend, self.request), backend=self.backend.label, model=self.model)
+        return TimedStream(watched(self.backend, self.request), backend=self.label, model=self.model)
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,8 @@ async def plan_reply(
     model = status.info.model_id if status.info else request.model
     # Before the clock: what the engine was busy with, so a slow reply can be explained later.
     engine = (await take_snapshot(backend, ENGINE_STATE_TIMEOUT_S)).snapshot
-    return ReplyPlan(backend, model, request, tuple(notices), engine)
+    return ReplyPlan(backend, model, request, tuple(notices), engine,
+                     stand_in=status.info.stand_in if status.info else None)
 
 
 def empty_reply_notice(record: RequestRecord, reply_text: str) -> Notice | None:
@@ -272,7 +279,7 @@ def stored_reply(
         user_identifier=user_identifier,
         created_at=utc_now(),
         backend=plan.backend.name,
-        backend_label=plan.backend.label,
+        backend_label=plan.label,
         model=plan.model,
         mode=mode,
         round_id=round_id,

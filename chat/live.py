@@ -53,7 +53,7 @@ def ignored_lines(request: PreparedRequest | None) -> list[str]:
 
 def initial_props(plan: "ReplyPlan", lang: str) -> dict:
     """Props before the request leaves: who answers, and what they will ignore (shown at once)."""
-    return {"state": "starting", "lang": lang, "backend": plan.backend.label, "model": plan.model,
+    return {"state": "starting", "lang": lang, "backend": plan.label, "model": plan.model,
             "ignored": ignored_lines(plan.request)}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import chainlit as cl
 
 from backends.base import ChatMessage
-from chat.flow import Refusal, plan_reply, stored_reply
+from chat.flow import Refusal, ReplyPlan, plan_reply, stored_reply
 from chat.i18n import text
 from chat.input import remove_control_characters
 from chat.session import (
@@ -88,7 +88,8 @@ async def compare_reply(user_text: str) -> None:
     columns = []
     for (label, name), plan in zip(assignment, plans):
         backend = state.registry.get(name)
-        column = Column(label=label, backend=name, backend_label=backend.label)
+        column = Column(label=label, backend=name,
+                        backend_label=plan.label if isinstance(plan, ReplyPlan) else backend.label)
         if isinstance(plan, Refusal):
             column.refusal = plan
         else:

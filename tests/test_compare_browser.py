@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.vllm]
 
 READY_TIMEOUT_MS = 180_000
 ROUND_TIMEOUT_S = 240.0
-LABELS = {"llama_cpp": "llama.cpp (embedded)", "vllm": "vLLM", "tgi": "TGI"}
+LABELS = {"llama_cpp": "llama.cpp (embedded)", "vllm": "vLLM", "tgi": "TGI (stand-in)"}  # the TGI-protocol test server says so
 
 SNAPSHOT_JS = """
 (withHtml) => {

@@ -151,3 +151,21 @@ async def test_the_panel_learns_a_stand_in_from_the_backends_status(view):
     assert await engines_view._stand_ins(["tgi", "vllm"], probe={"tgi", "vllm"}) == {"tgi": STAND_IN, "vllm": None}
     tgi.stand_in = None  # known now: the cached status answers, without asking again
     assert await engines_view._stand_ins(["tgi"]) == {"tgi": STAND_IN}
+
+
+async def test_a_reply_from_a_stand_in_is_labelled_one_in_its_figures_and_its_stored_row():
+    from chat.flow import plan_reply, stored_reply
+    from chat.live import initial_props
+
+    tgi = FakeBackend("tgi", label="TGI", stand_in=STAND_IN, replies=[FakeReply(["Hi", " there"])])
+    vllm = FakeBackend("vllm", label="vLLM", replies=[FakeReply(["Hello"])])
+    state = fake_state(tgi, vllm)
+    for backend, shown in ((tgi, "TGI (stand-in)"), (vllm, "vLLM")):
+        plan = await plan_reply(state, settings(backend.name), [], "hello")
+        assert plan.label == shown
+        assert initial_props(plan, "en")["backend"] == shown
+        timed = plan.open_stream()
+        text = "".join([chunk.text async for chunk in timed])
+        record = timed.finish("completed")
+        assert text and record.backend == shown
+        assert stored_reply(plan, record, user_text="hello", reply_text=text).backend_label == shown
