@@ -590,4 +590,3 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 def _format(value: float | None, pattern: str) -> str:
     return "–" if value is None else pattern.format(value)
-
