@@ -159,6 +159,11 @@ class StreamMeter:
     def started(self) -> bool:
         return self._start is not None
 
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens received so far (as counted for the figures)."""
+        return self._tokens
+
     def start(self, at: float | None = None) -> None:
         self._start = self._clock() if at is None else at
         self._started_at_unix_s = self._wall_clock()

@@ -22,6 +22,7 @@ from chat.flow import Refusal, plan_reply, stored_reply
 from chat.i18n import text
 from chat.session import app_state, current_user, lang, say, session_settings
 from compare.ratings import (
+    Leaderboard,
     ReplyFigures,
     RoundVote,
     build_leaderboard,
@@ -29,7 +30,7 @@ from compare.ratings import (
     leaderboard_table_markdown,
     win_matrix_figure,
 )
-from store import StoredReply, StoreError
+from store import StoredReply, StoreError, VoteRecord
 from timing import RequestRecord
 
 STATS_COLUMNS = ("created_at", "backend", "model", "mode", "status", "first_token_ms", "decode_tokens_per_s",
@@ -47,6 +48,29 @@ async def _store_or_say():
 # ---------------------------------------------------------------- leaderboard
 
 
+def rated_votes(records: Sequence[VoteRecord]) -> list[RoundVote]:
+    """The stored votes the ratings count (blind ones: names hidden while judging), each with its
+    columns' good/bad judgements and its comment."""
+    return [RoundVote(backends=record.backends, outcome=record.vote.outcome, winner=record.winner_backend,
+                      verdicts=record.verdicts, comment=record.vote.comment)
+            for record in records if record.mode == "blind"]
+
+
+def leaderboard_markdown(board: Leaderboard, *, unrated_votes: int, lang_code: str) -> str:
+    """The leaderboard message: title, table (with each backend's good/bad judgements), how many
+    votes came with a comment, and the notes, in the person's language."""
+    titles = [title.strip() for title in text("leaderboard_columns", lang_code).split("|")]
+    parts = [text("leaderboard_title", lang_code, blind=board.total_votes, compare=unrated_votes),
+             leaderboard_table_markdown(board, titles)]
+    if board.total_votes:
+        parts.append(text("leaderboard_comments", lang_code, commented=board.commented_votes,
+                          votes=board.total_votes))
+    notes = [f"- {text('leaderboard_note_' + note.key, lang_code, **note.values)}" for note in board.notes]
+    if notes:
+        parts.append("\n".join(notes))
+    return "\n\n".join(parts)
+
+
 async def show_leaderboard() -> None:
     """Votes, wins/ties/losses, Bradley-Terry ratings with 95% intervals, the win matrix and
     median figures per backend. Ratings count blind votes only (names hidden while judging)."""
@@ -60,15 +84,11 @@ async def show_leaderboard() -> None:
     except StoreError as error:
         await say(text("storage_failed", lang_code, problem=str(error)))
         return
-    blind = [record for record in records if record.mode == "blind"]
-    votes = [RoundVote(backends=record.backends, outcome=record.vote.outcome, winner=record.winner_backend)
-             for record in blind]
+    votes = rated_votes(records)
     figures = [ReplyFigures(r.backend, r.first_token_s, r.decode_tokens_per_s)
                for r in replies if r.status == "completed"]
     board = build_leaderboard(votes, figures)
-    notes = "\n".join(f"- {note}" for note in board.notes)
-    content = text("leaderboard_title", lang_code, blind=len(blind), compare=len(records) - len(blind))
-    content += "\n\n" + leaderboard_table_markdown(board) + (f"\n\n{notes}" if notes else "")
+    content = leaderboard_markdown(board, unrated_votes=len(records) - len(votes), lang_code=lang_code)
     elements = []
     if board.rated_rows:
         elements = [cl.Plotly(name="ratings", figure=leaderboard_figure(board), display="inline"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Literal, Mapping, Sequence
 from urllib.parse import urlparse
@@ -33,7 +34,7 @@ from timing import FINAL_STATES, RequestRecord, TimedStream
 LABELS = ("A", "B", "C", "D")
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
 RUN_ORDERS = ("auto", "sequential", "concurrent")
-REVEALS = ("finished", "pace")  # blind text: when every column has finished, or at one common pace
+REVEALS = ("finished", "pace")  # blind text: when every column has finished, or at one common pace (RevealPace)
 TICK_S = 0.06  # one element update per tick for the whole round: the last token shows within ~100 ms
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
@@ -111,6 +112,8 @@ class Column:
     refusal: Refusal | None = None
     state: ColumnState = "waiting"
     parts: list[str] = field(default_factory=list)
+    part_tokens: list[int] = field(default_factory=list)  # output tokens received up to the end of each part
+    tokens: int = 0  # output tokens received so far (as the figures count them)
     timed: TimedStream | None = None
     record: RequestRecord | None = None
     error: BackendError | None = None
@@ -126,6 +129,11 @@ class Column:
     @property
     def finished(self) -> bool:
         return self.state in FINAL_STATES
+
+    def text_up_to(self, tokens: int) -> str:
+        """The text of the first `tokens` output tokens, in whole chunks: a chunk that carries
+        several tokens shows once all of them fit."""
+        return "".join(self.parts[:bisect_right(self.part_tokens, tokens)])
 
     def error_text(self, lang: str, *, named: bool) -> str | None:
         """The column's error; unnamed (blind, before the vote) it says only what kind of failure."""
@@ -203,8 +211,10 @@ class RoundRun:
         status, failure = "completed", None
         try:
             async for chunk in timed:
+                column.tokens = timed.meter.output_tokens
                 if chunk.text:
                     column.parts.append(chunk.text)
+                    column.part_tokens.append(column.tokens)
                     self._changed.set()
         except BackendError as error:
             status, failure = "error", error
@@ -232,15 +242,46 @@ class RoundRun:
 # ---------------------------------------------------------------- what the browser receives
 
 
-def _revealed_text(columns: Sequence[Column], reveal: str) -> list[str]:
-    """Blind text before the vote: nothing until every column has finished, or one common pace."""
+@dataclass
+class RevealPace:
+    """Blind text with reveal "pace": every column shows the same number of tokens, `tokens`.
+
+    `tokens` follows the slowest column still generating (so a fast engine is never shown ahead
+    of a slow one) and never goes back. A column that has finished no longer holds the others
+    back; one with fewer tokens shows all of its text. In sequential order only one column
+    generates at a time, so the columns that have run are shown at the pace of the one running:
+    nothing moves while the first column runs alone (its text would show its own speed with
+    nothing to pace it against), and a column that starts behind the pace shows nothing until
+    it has caught up. Tokens are each engine's own (exact where the engine reports them).
+    """
+
+    tokens: int = 0
+
+    def advance(self, columns: Sequence[Column]) -> int:
+        """Move the common count on as far as the columns allow; return it."""
+        generating = [column.tokens for column in columns if column.state == "streaming"]
+        first_alone = (any(column.state == "waiting" for column in columns)
+                       and not any(column.finished and column.parts for column in columns))
+        if generating and not first_alone:
+            self.tokens = max(self.tokens, min(generating))
+        return self.tokens
+
+    def shown(self, columns: Sequence[Column]) -> list[str]:
+        """Each column's text as far as the common pace allows."""
+        if all(column.finished for column in columns):
+            return [column.text for column in columns]
+        tokens = self.advance(columns)
+        return [column.text_up_to(tokens) if column.finished or column.tokens >= tokens else ""
+                for column in columns]
+
+
+def _revealed_text(columns: Sequence[Column], reveal: str, pace: RevealPace | None) -> list[str]:
+    """Blind text before the vote: nothing until every column has finished, or at one common pace."""
     if all(column.finished for column in columns):
         return [column.text for column in columns]
     if reveal != "pace":
         return ["" for _ in columns]
-    streaming = [len(column.parts) for column in columns if not column.finished]
-    common = min(streaming) if streaming else 0
-    return ["".join(column.parts[:common]) for column in columns]
+    return (pace or RevealPace()).shown(columns)
 
 
 def round_props(
@@ -254,16 +295,19 @@ def round_props(
     revealed: bool = False,
     vote: Mapping[str, object] | None = None,
     final: bool = False,
+    pace: RevealPace | None = None,
 ) -> dict:
     """Props for the compare grid (public/elements/Metrics.jsx with kind "compare").
 
     A blind round before its vote carries only labels, text (as the reveal
     setting allows) and unnamed errors: no backend, model, figures, notes or
     timings. Every column's state is "generating" until all have finished,
-    so that which one finished first does not give an engine away.
+    so that which one finished first does not give an engine away. `pace`
+    keeps the common count of reveal "pace" from one update of the round to
+    the next (without it, each call starts from nothing).
     """
     anonymous = blind and not revealed
-    texts = _revealed_text(columns, reveal) if anonymous else [column.text for column in columns]
+    texts = _revealed_text(columns, reveal, pace) if anonymous else [column.text for column in columns]
     all_finished = all(column.finished for column in columns)
     props_columns = []
     for column, shown_text in zip(columns, texts):

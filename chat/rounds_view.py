@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import chainlit as cl
@@ -31,7 +31,8 @@ from chat.session import (
     session_settings,
 )
 from compare.ratings import OUTCOMES
-from chat.rounds import Column, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props, run_order_for
+from chat.rounds import (Column, RevealPace, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props,
+                         run_order_for)
 from store import CompareRound, RoundColumn, StoreError, Vote
 from store.records import utc_now
 
@@ -50,12 +51,13 @@ class RoundView:
     element: MetricsElement
     final: bool = False
     vote: dict | None = None
+    pace: RevealPace = field(default_factory=RevealPace)  # blind reveal "pace": the common token count
 
     def props(self, lang_code: str, *, revealed: bool | None = None) -> dict:
         return round_props(round_id=self.round_id, columns=self.columns, blind=self.settings.blind,
                            run_order=self.run_order, reveal=self.settings.reveal, lang=lang_code,
                            revealed=self.vote is not None if revealed is None else revealed,
-                           vote=self.vote, final=self.final)
+                           vote=self.vote, final=self.final, pace=self.pace)
 
 
 def _rounds() -> dict[str, RoundView]:

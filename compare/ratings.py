@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
-from typing import Iterable, Literal, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -191,15 +191,24 @@ class Matchup:
 
 
 @dataclass(frozen=True)
+class LeaderboardNote:
+    """Something the leaderboard should say in words, as data: the chat renders `key` with
+    `values` in the person's language (chat.i18n, "leaderboard_note_" + key)."""
+
+    key: str  # no_votes | few_votes | unvoted_backend | few_backend_votes | won_every_round | lost_every_round
+    values: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Leaderboard:
     """Everything the compare view shows: rows best first, head-to-head
-    records for every ordered pair of rated backends, and plain-English notes."""
+    records for every ordered pair of rated backends, and notes as data."""
 
     rows: tuple[LeaderboardRow, ...]
     matchups: tuple[Matchup, ...]
     total_votes: int
     commented_votes: int
-    notes: tuple[str, ...]
+    notes: tuple[LeaderboardNote, ...]
 
     def row(self, backend: str) -> LeaderboardRow:
         """The row of `backend`; an unknown name fails with the known ones."""
@@ -325,12 +334,21 @@ def build_leaderboard(
     )
 
 
-def leaderboard_table_markdown(board: Leaderboard) -> str:
+# The table's column titles (the chat passes them in the person's language).
+TABLE_TITLES: tuple[str, ...] = (
+    "#", "Backend", "Rating", "95% interval", "Votes", "Wins", "Ties", "Losses", "Both bad",
+    "Judged good", "Judged bad", "Median TTFT (ms)", "Median decode (tokens/s)", "Replies",
+)
+
+
+def leaderboard_table_markdown(board: Leaderboard, titles: Sequence[str] = TABLE_TITLES) -> str:
     """The leaderboard rows as a Markdown table for the chat."""
+    if len(titles) != len(TABLE_TITLES):
+        raise ValueError(f"The table has {len(TABLE_TITLES)} columns ({', '.join(TABLE_TITLES)}), "
+                         f"got {len(titles)} titles.")
     lines = [
-        "| # | Backend | Rating | 95% interval | Votes | Wins | Ties | Losses | Both bad "
-        "| Median TTFT (ms) | Median decode (tokens/s) | Replies |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| " + " | ".join(titles) + " |",
+        "|---:|---|" + "---:|" * (len(TABLE_TITLES) - 2),
     ]
     rank = 0
     for row in board.rows:
@@ -347,6 +365,8 @@ def leaderboard_table_markdown(board: Leaderboard) -> str:
             str(row.ties),
             str(row.losses),
             str(row.both_bad),
+            str(row.good_verdicts),
+            str(row.bad_verdicts),
             _format(None if row.median_first_token_s is None else row.median_first_token_s * 1000, "{:.0f}"),
             _format(row.median_decode_tokens_per_s, "{:.1f}"),
             str(row.replies),
@@ -543,30 +563,23 @@ def _matchup(backend: str, opponent: str, votes: Sequence[RoundVote]) -> Matchup
     return Matchup(backend, opponent, wins, comparisons)
 
 
-def _notes(rows: Sequence[LeaderboardRow], total_votes: int) -> tuple[str, ...]:
-    notes: list[str] = []
+def _notes(rows: Sequence[LeaderboardRow], total_votes: int) -> tuple[LeaderboardNote, ...]:
+    notes: list[LeaderboardNote] = []
     if total_votes == 0:
-        notes.append("No votes yet: vote in compare mode to rate the backends.")
+        notes.append(LeaderboardNote("no_votes"))
     elif total_votes < FEW_VOTES_TOTAL:
-        notes.append(
-            f"Only {_plural(total_votes, 'vote')} so far: ratings are rough. "
-            f"Keep voting: about {FEW_VOTES_TOTAL}+ votes, spread over the backend pairs, make the order meaningful."
-        )
+        notes.append(LeaderboardNote("few_votes", {"votes": total_votes, "enough": FEW_VOTES_TOTAL}))
     for row in rows:
         if row.votes == 0:
-            notes.append(f"{row.backend} has replies but no votes yet, so it has no rating.")
+            notes.append(LeaderboardNote("unvoted_backend", {"backend": row.backend}))
             continue
         if row.votes < FEW_VOTES_PER_BACKEND:
-            notes.append(
-                f"{row.backend} has only {_plural(row.votes, 'vote')}: its rating is rough "
-                f"until it has {FEW_VOTES_PER_BACKEND}+."
-            )
+            notes.append(LeaderboardNote("few_backend_votes", {"backend": row.backend, "votes": row.votes,
+                                                               "enough": FEW_VOTES_PER_BACKEND}))
         if row.wins == row.votes or row.losses == row.votes:
-            won_or_lost = "won" if row.wins == row.votes else "lost"
-            notes.append(
-                f"{row.backend} {won_or_lost} every round it was in ({row.votes}): only the prior keeps its "
-                "rating finite, so the real gap may be larger. Compare it with stronger or weaker backends too."
-            )
+            # Only the prior keeps such a rating finite, so the real gap may be larger.
+            key = "won_every_round" if row.wins == row.votes else "lost_every_round"
+            notes.append(LeaderboardNote(key, {"backend": row.backend, "votes": row.votes}))
     return tuple(notes)
 
 
@@ -577,7 +590,3 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 def _format(value: float | None, pattern: str) -> str:
     return "–" if value is None else pattern.format(value)
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -137,6 +137,11 @@ class VoteRecord:
         return tuple(column.backend for column in self.columns)
 
     @property
+    def verdicts(self) -> tuple[str | None, ...]:
+        """Each column's good/bad judgement (None where none was given), in column order."""
+        return tuple(self.vote.judgements.get(column.label) for column in self.columns)
+
+    @property
     def winner_backend(self) -> str | None:
         """The winning column's backend name (None for a tie or both bad)."""
         if self.vote.winner_label is None:

@@ -21,6 +21,7 @@ class FakeReply:
     interval_s: float = 0.01
     fail_after: int | None = None
     close_s: float = 0.0  # how long closing the stream takes (the embedded model's worker finishing its step)
+    tokens_per_word: int = 1  # tokens each chunk carries (llama.cpp puts several in one around multi-byte text)
 
 
 @dataclass
@@ -61,7 +62,7 @@ class FakeBackend:
                 if reply.fail_after is not None and index == reply.fail_after:
                     raise BackendOverloaded(self.label, self.url, "Model is overloaded.")
                 await asyncio.sleep(reply.interval_s)
-                yield StreamChunk(text=word, token_count=1)
+                yield StreamChunk(text=word, token_count=reply.tokens_per_word)
             yield StreamChunk(token_count=0, finish_reason="stop")
         finally:
             if reply.close_s:

@@ -151,12 +151,15 @@ def compare_app(app_factory, vllm_base_url, tgi_server, compare_db) -> AppServer
 
 
 def test_compare_streams_three_real_backends_live_with_each_its_own_thread(
-        page: Page, compare_app: AppServer, compare_db: str, vllm_base_url: str, tgi_server):
+        page: Page, compare_app: AppServer, compare_db: str, vllm_server, tgi_server):
     open_chat(page, compare_app, tgi_server.model_id)
     first_question, second_question = "Name three colours.", "And two more?"
+    received: dict[str, dict[str, list[dict]]] = {}  # run order -> server -> chat requests it received
     for question, run_order in ((first_question, "sequential"), (second_question, "concurrent")):
         if run_order == "concurrent":
             change_settings(page, run_order="Concurrent (all at once)")
+        run(tgi_server.clear_requests())
+        vllm_seen = len(vllm_server.chat_requests())
         before = rounds_on_page(page)
         send(page, question)
         snapshots = watch_round(page, before)
@@ -173,21 +176,33 @@ def test_compare_streams_three_real_backends_live_with_each_its_own_thread(
             assert len(partial) >= 2, f"column {index} did not stream live: {partial}"
         stored_round = latest_round(compare_db)
         assert stored_round.run_order == run_order and stored_round.mode == "compare"
+        received[run_order] = {
+            "tgi": [r["body"] for r in run(tgi_server.requests()) if r["path"] == "/v1/chat/completions"],
+            "vllm": vllm_server.chat_requests()[vllm_seen:],
+        }
 
-    # Round two: every backend received the same new prompt after its own thread.
+    # In both orders every backend received the same new prompt after its own thread, with the same settings.
     first_round, second_round = run(stored(compare_db, "rounds", 2))[::-1]
     first, second = round_replies(compare_db, first_round.id), round_replies(compare_db, second_round.id)
-    assert {reply.prompt for reply in second.values()} == {second_question}
-    assert len({json.dumps(reply.settings_sent["chosen"], sort_keys=True) for reply in second.values()}) == 1
-    tgi_body = [r for r in run(tgi_server.requests()) if r["path"] == "/v1/chat/completions"][-1]["body"]
-    assert tgi_body["messages"] == [{"role": "user", "content": first_question},
-                                    {"role": "assistant", "content": first["tgi"].reply_text},
-                                    {"role": "user", "content": second_question}]
-    for kind in ("vllm", "llama_cpp"):
-        thread = [ChatMessage("user", first_question), ChatMessage("assistant", first[kind].reply_text),
-                  ChatMessage("user", second_question)]
-        received = second[kind].record["server"]["input_tokens"]
-        assert received == run(expected_prompt_tokens(kind, vllm_base_url, thread)), kind
+    threads = {
+        "sequential": (first, lambda name: [ChatMessage("user", first_question)]),
+        "concurrent": (second, lambda name: [ChatMessage("user", first_question),
+                                             ChatMessage("assistant", first[name].reply_text),
+                                             ChatMessage("user", second_question)]),
+    }
+    for run_order, (replies, thread_of) in threads.items():
+        assert {reply.prompt for reply in replies.values()} == {thread_of("tgi")[-1].content}, run_order
+        assert len({json.dumps(reply.settings_sent["chosen"], sort_keys=True) for reply in replies.values()}) == 1
+        # What the servers received, message for message (TGI's test server and vLLM's own request log).
+        for server in ("tgi", "vllm"):
+            bodies = received[run_order][server]
+            assert len(bodies) == 1, f"{server} received {len(bodies)} chat requests in the {run_order} round"
+            assert bodies[0]["messages"] == [message.as_dict() for message in thread_of(server)], (run_order, server)
+        # The embedded model keeps no request log: the prompt it counted has the thread's token count
+        # (and vLLM's own count agrees with the messages it logged).
+        for kind in ("llama_cpp", "vllm"):
+            counted = replies[kind].record["server"]["input_tokens"]
+            assert counted == run(expected_prompt_tokens(kind, vllm_server.base_url, thread_of(kind))), (run_order, kind)
 
 
 @pytest.fixture(scope="module")
@@ -354,6 +369,95 @@ def test_blind_round_sends_no_names_until_the_vote_then_reveals_and_counts_it(
     winner = backend_of["B"]
     expect(board.locator("tr", has_text=winner).first).to_be_visible()
     expect(board).to_contain_text("Only 1 vote")
+
+
+def compare_updates(frames: list[str], round_id: str) -> list[dict]:
+    """The compare grid's props in every element update among `frames` for one round, in order."""
+    updates = []
+    for frame in frames:
+        for packet in frame.split("\x1e"):  # socket.io packets: '42["element", {...}]'
+            start = packet.find("[")
+            if start <= 0 or not packet[:start].isdigit():
+                continue
+            try:
+                event = json.loads(packet[start:])
+            except ValueError:
+                continue
+            if isinstance(event, list) and len(event) == 2 and event[0] == "element" and isinstance(event[1], dict):
+                props = event[1].get("props") or {}
+                if props.get("kind") == "compare" and props.get("roundId") == round_id:
+                    updates.append(props)
+    return updates
+
+
+@pytest.fixture(scope="module")
+def count_tokens():
+    """The bundled model's tokenizer (all three backends serve that model): text -> token count."""
+    from llama_cpp import Llama
+
+    from backends.llamacpp import bundled_model_path
+
+    vocab = Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
+    return lambda text: len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+
+@pytest.fixture(scope="module")
+def blind_pace_db(tmp_path_factory) -> str:
+    return database_url(tmp_path_factory, "blind-pace")
+
+
+@pytest.fixture(scope="module")
+def blind_pace_app(app_factory, vllm_base_url, tgi_server, blind_pace_db) -> AppServer:
+    env = three_backends_env(vllm_base_url, tgi_server, DEFAULT_MODE="blind", DEFAULT_REVEAL="pace",
+                             DEFAULT_COMPARE_BACKENDS="llama_cpp,vllm,tgi", DATABASE_URL=blind_pace_db)
+    return app_factory(env, name="chainlit-blind-pace")
+
+
+# Re-tokenizing a shown prefix can differ from the tokens generated by a token or two.
+RETOKENIZE_SLACK = 3
+
+
+def test_blind_pace_shows_every_column_at_one_pace_in_tokens_and_no_names(
+        page: Page, blind_pace_app: AppServer, blind_pace_db: str, vllm_base_url: str, tgi_server, count_tokens):
+    frames = collect_frames(page)
+    open_chat(page, blind_pace_app, tgi_server.model_id)
+    secrets = identifying_words(vllm_base_url, tgi_server)
+    prompts = (("Describe a cat in three sentences.", "sequential"), ("Describe a dog in three sentences.", "concurrent"))
+    for prompt, run_order in prompts:
+        if run_order == "concurrent":
+            change_settings(page, run_order="Concurrent (all at once)")
+        page.wait_for_timeout(1500)  # Playwright hands frames to Python only while it waits: take them all
+        received_before = len(frames["received"])
+        before = rounds_on_page(page)
+        send(page, prompt)
+        watch_round(page, before)
+        page.wait_for_timeout(1500)
+        received = frames["received"][received_before:]
+        for word in secrets:
+            offenders = [frame[:60] for frame in received if word in frame]
+            assert not offenders, f"{word!r} was sent to the browser before the vote, in {offenders}"
+        stored_round = latest_round(blind_pace_db)
+        assert stored_round.run_order == run_order
+        replies = round_replies(blind_pace_db, stored_round.id)
+        whole = {column.label: replies[column.backend].reply_text for column in stored_round.columns}
+        updates = compare_updates(received, stored_round.id)
+        streaming = [{c["label"]: c["text"] for c in props["columns"]} for props in updates
+                     if any(c["state"] == "generating" for c in props["columns"])]
+        assert len(streaming) >= 5, f"only {len(streaming)} updates while the {run_order} round streamed"
+        assert any(any(shown.values()) for shown in streaming), f"no text moved before the {run_order} round ended"
+        for shown in streaming:
+            assert all(whole[label].startswith(text) for label, text in shown.items()), shown
+            partial = {label: count_tokens(text) for label, text in shown.items() if text and text != whole[label]}
+            complete = {label: count_tokens(text) for label, text in shown.items() if text and text == whole[label]}
+            if partial:
+                # Every column still being revealed shows the same number of tokens; a finished shorter one, all.
+                assert max(partial.values()) - min(partial.values()) <= RETOKENIZE_SLACK, (run_order, partial, shown)
+                assert all(count <= max(partial.values()) + RETOKENIZE_SLACK for count in complete.values())
+        if run_order == "sequential":
+            # The text moves before the last column (C) runs: A and B at the pace of B while C waits.
+            assert any(shown["A"] and shown["B"] and not shown["C"] for shown in streaming), streaming[-3:]
+        final = updates[-1]
+        assert {c["label"]: c["text"] for c in final["columns"]} == whole
 
 
 # ---------------------------------------------------------------- storage across a restart

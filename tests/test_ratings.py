@@ -8,6 +8,7 @@ from compare.ratings import (
     FEW_VOTES_PER_BACKEND,
     FEW_VOTES_TOTAL,
     PRIOR_TIES_PER_PAIR,
+    LeaderboardNote,
     PairOutcome,
     ReplyFigures,
     RoundVote,
@@ -218,18 +219,17 @@ def test_identical_rounds_leave_no_uncertainty_to_resample():
         assert rating.ci_low == pytest.approx(rating.rating) and rating.ci_high == pytest.approx(rating.rating)
 
 
-def few_votes_note(board):
-    return [note for note in board.notes if note.startswith("Only ")]
+def notes_with(board, *keys):
+    return [note for note in board.notes if note.key in keys]
 
 
 def test_the_few_votes_note_disappears_at_the_threshold():
     balanced = wins("a", "b", 1) + wins("b", "a", 1)
     below = build_leaderboard((balanced * FEW_VOTES_TOTAL)[: FEW_VOTES_TOTAL - 1], [], bootstrap_samples=1)
     at = build_leaderboard((balanced * FEW_VOTES_TOTAL)[:FEW_VOTES_TOTAL], [], bootstrap_samples=1)
-    assert few_votes_note(below) == [f"Only {FEW_VOTES_TOTAL - 1} votes so far: ratings are rough. "
-                                     f"Keep voting: about {FEW_VOTES_TOTAL}+ votes, spread over the backend pairs, "
-                                     "make the order meaningful."]
-    assert few_votes_note(at) == []
+    assert notes_with(below, "few_votes") == [
+        LeaderboardNote("few_votes", {"votes": FEW_VOTES_TOTAL - 1, "enough": FEW_VOTES_TOTAL})]
+    assert notes_with(at, "few_votes") == []
 
 
 def test_a_backend_with_few_votes_is_named_until_it_has_enough():
@@ -237,30 +237,50 @@ def test_a_backend_with_few_votes_is_named_until_it_has_enough():
     newcomer = wins("new", "a", 1) + wins("a", "new", 1)
     short = build_leaderboard(crowd + newcomer * 2, [], bootstrap_samples=1)  # 4 votes
     enough = build_leaderboard(crowd + newcomer * 2 + ties("new", "b", 1), [], bootstrap_samples=1)  # 5 votes
-    assert [n for n in short.notes if n.startswith("new ")] == [
-        f"new has only 4 votes: its rating is rough until it has {FEW_VOTES_PER_BACKEND}+."
-    ]
-    assert [n for n in enough.notes if n.startswith("new ")] == []
-    assert not [n for n in short.notes if n.startswith(("a ", "b "))]
+    assert notes_with(short, "few_backend_votes") == [
+        LeaderboardNote("few_backend_votes", {"backend": "new", "votes": 4, "enough": FEW_VOTES_PER_BACKEND})]
+    assert notes_with(enough, "few_backend_votes") == []
 
 
 def test_a_backend_that_only_won_or_only_lost_gets_a_note_until_it_does_not():
     one_sided = build_leaderboard(wins("a", "b", 6), [], bootstrap_samples=1)
-    assert any(n.startswith("a won every round it was in (6)") for n in one_sided.notes)
-    assert any(n.startswith("b lost every round it was in (6)") for n in one_sided.notes)
+    assert notes_with(one_sided, "won_every_round", "lost_every_round") == [
+        LeaderboardNote("won_every_round", {"backend": "a", "votes": 6}),
+        LeaderboardNote("lost_every_round", {"backend": "b", "votes": 6}),
+    ]
     with_a_tie = build_leaderboard(wins("a", "b", 6) + ties("a", "b", 1), [], bootstrap_samples=1)
-    assert not any("every round" in n for n in with_a_tie.notes)
+    assert notes_with(with_a_tie, "won_every_round", "lost_every_round") == []
 
 
 def test_an_empty_leaderboard_says_how_to_start():
     board = build_leaderboard([], [ReplyFigures("tgi", 0.2, 30.0)])
-    assert board.notes == (
-        "No votes yet: vote in compare mode to rate the backends.",
-        "tgi has replies but no votes yet, so it has no rating.",
-    )
+    assert board.notes == (LeaderboardNote("no_votes"), LeaderboardNote("unvoted_backend", {"backend": "tgi"}))
     assert board.matchups == ()
     row = board.row("tgi")
     assert (row.rating, row.ci_low, row.ci_high, row.votes) == (None, None, None, 0)
+
+
+def test_the_leaderboard_message_speaks_the_persons_language():
+    from chat.reports import leaderboard_markdown
+
+    board = build_leaderboard(MIXED + wins("a", "new", 1), [ReplyFigures("idle", 0.1, 10.0)], bootstrap_samples=1)
+    english = leaderboard_markdown(board, unrated_votes=2, lang_code="en")
+    chinese = leaderboard_markdown(board, unrated_votes=2, lang_code="zh")
+    assert "Only 6 vote(s) so far" in english and "new lost every round it was in (1)" in english
+    assert "idle has replies but no votes yet" in english
+    assert "1 of 6 blind vote(s) came with a comment." in english
+    assert "| Judged good | Judged bad |" in english
+    assert "目前只有 6 票" in chinese and "new 输了它参加的每一轮（1 轮）" in chinese
+    assert "idle 有回复但还没有投票" in chinese and "6 次盲评投票中有 1 次附有评论。" in chinese
+    assert "| 评为好 | 评为差 |" in chinese
+    for english_words in ("Only", "every round", "no votes yet", "comment", "Judged", "Backend"):
+        assert english_words not in chinese, english_words
+    # Every note the ratings can give has both texts.
+    from chat.i18n import STRINGS
+
+    for key in ("no_votes", "few_votes", "unvoted_backend", "few_backend_votes", "won_every_round",
+                "lost_every_round"):
+        assert f"leaderboard_note_{key}" in STRINGS["en"] and f"leaderboard_note_{key}" in STRINGS["zh"]
 
 
 def test_median_figures_skip_unknown_values_and_unrated_backends_come_last():
@@ -300,8 +320,22 @@ def test_the_markdown_table_has_units_and_one_line_per_backend():
     top = board.rows[0]
     cells = [cell.strip() for cell in lines[2].strip("|").split(" | ")]
     assert cells[:4] == ["1", "vllm\\|fast", f"{top.rating:.0f}", f"{top.ci_low:.0f} – {top.ci_high:.0f}"]
-    assert cells[4:] == ["4", "3", "0", "1", "0", "250", "41.3", "1"]
+    assert cells[4:] == ["4", "3", "0", "1", "0", "0", "0", "250", "41.3", "1"]
     assert lines[4].startswith("| – | idle | – | – | 0 |")
+
+
+def test_the_table_shows_each_backends_good_and_bad_judgements():
+    board = build_leaderboard(MIXED, [], bootstrap_samples=1)
+    lines = leaderboard_table_markdown(board).splitlines()
+    titles = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
+    good, bad = titles.index("Judged good"), titles.index("Judged bad")
+    judged = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        judged[cells[1]] = (int(cells[good]), int(cells[bad]))
+    assert judged == {"a": (1, 1), "b": (0, 1), "c": (0, 2), "d": (0, 1)}
+    with pytest.raises(ValueError, match="14 columns"):
+        leaderboard_table_markdown(board, ["#", "Backend"])
 
 
 def test_the_rating_figure_shows_each_rating_with_its_interval():

@@ -13,6 +13,7 @@ from chat.flow import Refusal, plan_reply
 from chat.settings import SessionSettings
 from chat.rounds import (
     Column,
+    RevealPace,
     RoundRun,
     RoundSettings,
     RoundSettingsError,
@@ -178,21 +179,121 @@ async def test_a_blind_round_sends_no_names_models_or_figures_before_the_vote():
     assert revealed["columns"][0]["figures"]["tokens"] == 3
 
 
-async def test_blind_text_at_one_common_pace():
-    a = FakeBackend("a", replies=[FakeReply(WORDS[:10], 0.01)])
-    b = FakeBackend("b", replies=[FakeReply(WORDS[:10], 0.04)])
-    columns = await columns_for(fake_state(a, b), ("a", "b"))
+def column_with(label: str, state: str, chunks: list[tuple[str, int]]) -> Column:
+    """A column as it stands mid-round: its state and the (text, tokens) chunks received so far."""
+    column = Column(label=label, backend=label.lower(), backend_label=label, state=state)
+    for chunk_text, tokens in chunks:
+        column.tokens += tokens
+        column.parts.append(chunk_text)
+        column.part_tokens.append(column.tokens)
+    return column
+
+
+def one_token_chunks(prefix: str, count: int) -> list[tuple[str, int]]:
+    return [(f"{prefix}{i} ", 1) for i in range(count)]
+
+
+def paced(columns, pace=None) -> list[str]:
+    props = round_props(round_id="r", columns=columns, blind=True, run_order="concurrent", reveal="pace", lang="en",
+                        pace=pace)
+    return [c["text"] for c in props["columns"]]
+
+
+def test_pace_counts_tokens_not_chunks():
+    # B's engine sends three tokens per chunk: it has 3 tokens after 1 chunk, A has 5 in 5 chunks.
+    a = column_with("A", "streaming", one_token_chunks("a", 5))
+    b = column_with("B", "streaming", [("bbb ", 3)])
+    assert paced([a, b]) == ["a0 a1 a2 ", "bbb "]
+    # A chunk shows only once all of its tokens fit: B at 6 tokens, the pace at A's 5.
+    b = column_with("B", "streaming", [("bbb ", 3), ("BBB ", 3)])
+    assert paced([a, b]) == ["".join(a.parts), "bbb "]
+
+
+def test_pace_a_finished_column_no_longer_holds_the_others_back():
+    short = column_with("A", "completed", one_token_chunks("a", 2))
+    failed = column_with("B", "error", [])
+    slow = column_with("C", "streaming", one_token_chunks("c", 5))
+    fast = column_with("D", "streaming", one_token_chunks("d", 9))
+    assert paced([short, failed, slow, fast]) == ["a0 a1 ", "", "c0 c1 c2 c3 c4 ", "d0 d1 d2 d3 d4 "]
+
+
+def test_pace_in_sequential_order_moves_from_the_second_column_on_and_never_goes_back():
+    pace = RevealPace()
+    first = column_with("A", "streaming", one_token_chunks("a", 4))
+    second, third = column_with("B", "waiting", []), column_with("C", "waiting", [])
+    # The first column alone: its text would show its own speed, so nothing moves yet.
+    assert paced([first, second, third], pace) == ["", "", ""]
+    # The second runs: the first is shown at its pace, token for token.
+    first = column_with("A", "completed", one_token_chunks("a", 6))
+    second = column_with("B", "streaming", one_token_chunks("b", 3))
+    assert paced([first, second, third], pace) == ["a0 a1 a2 ", "b0 b1 b2 ", ""]
+    second = column_with("B", "streaming", one_token_chunks("b", 8))
+    assert paced([first, second, third], pace) == ["".join(first.parts), "".join(second.parts), ""]
+    # The third starts behind the pace (8 tokens): it shows nothing until it has caught up,
+    # and what is shown does not go back.
+    second = column_with("B", "completed", one_token_chunks("b", 8))
+    third = column_with("C", "streaming", one_token_chunks("c", 2))
+    assert paced([first, second, third], pace) == ["".join(first.parts), "".join(second.parts), ""]
+    assert pace.tokens == 8
+    third = column_with("C", "streaming", one_token_chunks("c", 10))
+    assert paced([first, second, third], pace) == ["".join(first.parts), "".join(second.parts),
+                                                   "".join(third.parts)]
+    third = column_with("C", "streaming", one_token_chunks("c", 12))
+    first_shown, second_shown, third_shown = paced([first, second, third], pace)
+    assert third_shown == "".join(third.parts) and pace.tokens == 12
+    third = column_with("C", "completed", one_token_chunks("c", 15))
+    assert paced([first, second, third], pace) == [c.text for c in (first, second, third)]
+
+
+async def paced_round(backends: list[FakeBackend], order: str, tick_s: float = 0.02):
+    """Run a blind round with reveal "pace"; return (loop time, shown texts, all finished) per update."""
+    columns = await columns_for(fake_state(*backends), tuple(b.name for b in backends))
+    pace = RevealPace()
+    loop = asyncio.get_running_loop()
     shown = []
 
     async def render():
-        props = round_props(round_id="r", columns=columns, blind=True, run_order="concurrent", reveal="pace", lang="en")
-        shown.append([c["text"] for c in props["columns"]])
+        props = round_props(round_id="r", columns=columns, blind=True, run_order=order, reveal="pace",
+                            lang="en", pace=pace)
+        shown.append((loop.time(), [c["text"] for c in props["columns"]], all(c.finished for c in columns)))
 
-    await RoundRun(columns, "concurrent", render, tick_s=0.03).run()
-    while_both_stream = [texts for texts in shown if texts[0] != "".join(WORDS[:10])]
-    # The fast column is never shown ahead of the slow one while both stream.
-    assert all(len(texts[0]) <= len(texts[1]) + 3 for texts in while_both_stream)
-    assert any(texts[1] for texts in shown)
+    await RoundRun(columns, order, render, tick_s=tick_s).run()
+    await render()  # the final update, as the Chainlit side sends it
+    return columns, shown
+
+
+def shown_tokens(shown_text: str, tokens_per_word: int) -> int:
+    return len(shown_text.split()) * tokens_per_word
+
+
+async def test_concurrent_columns_are_shown_at_one_pace_in_tokens():
+    # The fast engine sends one token per chunk, the slow one three per chunk.
+    fast = FakeBackend("fast", replies=[FakeReply(WORDS[:18], 0.01)])
+    slow = FakeBackend("slow", replies=[FakeReply([f"s{i} " for i in range(6)], 0.09, tokens_per_word=3)])
+    columns, shown = await paced_round([fast, slow], "concurrent")
+    while_streaming = [texts for _, texts, done in shown if not done]
+    assert any(texts[1] for texts in while_streaming), "the text moved before the end"
+    for texts in while_streaming:
+        fast_tokens, slow_tokens = shown_tokens(texts[0], 1), shown_tokens(texts[1], 3)
+        # Token for token (the slow column moves in steps of its 3-token chunks), never chunk for chunk.
+        assert slow_tokens <= fast_tokens < slow_tokens + 3, texts
+        assert columns[0].text.startswith(texts[0]) and columns[1].text.startswith(texts[1])
+    assert shown[-1][1] == [columns[0].text, columns[1].text]
+
+
+async def test_sequential_columns_are_shown_at_one_pace_before_the_last_one_starts():
+    backends = [FakeBackend(name, replies=[FakeReply(WORDS[:8], 0.02)]) for name in ("first", "second", "third")]
+    columns, shown = await paced_round(backends, "sequential")
+    first, second, third = backends
+    # Nothing while the first ran alone.
+    assert all(texts == ["", "", ""] for at, texts, _ in shown if at < second.started_at[0])
+    before_the_last = [texts for at, texts, _ in shown if second.started_at[0] < at < third.started_at[0]]
+    assert any(texts[0] and texts[1] for texts in before_the_last)
+    for texts in before_the_last:
+        assert len(texts[0].split()) == len(texts[1].split()) and texts[2] == ""
+    lengths = [max(len(text.split()) for text in texts) for _, texts, _ in shown]
+    assert lengths == sorted(lengths), "what is shown never goes back"
+    assert shown[-1][1] == [c.text for c in columns]
 
 
 async def test_an_unnamed_error_says_what_kind_of_failure_only():

@@ -247,6 +247,32 @@ async def test_a_second_vote_is_rejected(store):
     assert (record.mode, record.winner_backend) == ("blind", "vllm")
 
 
+async def test_judgements_and_comments_reach_the_leaderboard(store):
+    from chat.reports import rated_votes
+    from compare.ratings import build_leaderboard
+
+    three = make_round(mode="blind")  # A llama_cpp, B vllm, C tgi
+    two = make_round(mode="blind", backends=("vllm", "tgi"))
+    named = make_round(mode="compare")  # names visible: stored, not rated
+    votes = [
+        Vote(round_id=three.id, outcome="win", winner_label="B", judgements={"A": "bad", "B": "good", "C": "good"},
+             comment="B was right", created_at=T0),
+        Vote(round_id=two.id, outcome="both_bad", judgements={"A": "bad", "B": "bad"}, comment=" ",
+             created_at=T0 + timedelta(seconds=1)),
+        Vote(round_id=named.id, outcome="tie", judgements={"A": "good"}, comment="seen with names",
+             created_at=T0 + timedelta(seconds=2)),
+    ]
+    for round_, vote in zip((three, two, named), votes):
+        await store.save_round(round_)
+        await store.cast_vote(vote)
+    records = await store.votes()
+    assert [record.verdicts for record in records] == [("bad", "good", "good"), ("bad", "bad"), ("good", None, None)]
+    board = build_leaderboard(rated_votes(records), [], bootstrap_samples=1)
+    judged = {row.backend: (row.good_verdicts, row.bad_verdicts) for row in board.rows}
+    assert judged == {"llama_cpp": (0, 1), "vllm": (1, 1), "tgi": (1, 1)}
+    assert (board.total_votes, board.commented_votes) == (2, 1)
+
+
 async def test_two_concurrent_votes_on_a_round_exactly_one_wins(store):
     round_ = make_round()
     await store.save_round(round_)
