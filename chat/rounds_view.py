@@ -28,6 +28,7 @@ from chat.session import (
     lang,
     refresh_backend_list,
     say,
+    session_dict,
     session_settings,
 )
 from compare.ratings import OUTCOMES
@@ -61,11 +62,7 @@ class RoundView:
 
 
 def _rounds() -> dict[str, RoundView]:
-    rounds = cl.user_session.get("rounds")
-    if rounds is None:
-        rounds = {}
-        cl.user_session.set("rounds", rounds)
-    return rounds
+    return session_dict("rounds")
 
 
 async def compare_reply(user_text: str) -> None:
@@ -178,11 +175,7 @@ async def _keep_revealed_view(view: RoundView, lang_code: str) -> None:
 
 def _round_elements() -> dict[str, tuple[str, str | None]]:
     """Round id -> (element id, message id) for rounds of this chat not kept in memory."""
-    elements = cl.user_session.get("round_elements")
-    if elements is None:
-        elements = {}
-        cl.user_session.set("round_elements", elements)
-    return elements
+    return session_dict("round_elements")
 
 
 async def resume(thread: dict) -> None:

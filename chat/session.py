@@ -185,13 +185,18 @@ async def start(actions: list[cl.Action] | None = None) -> None:
     await say("\n".join(_status_lines(statuses, lang_code)), actions=actions or [])
 
 
+def session_dict(key: str) -> dict:
+    """A dict this session keeps under `key`, made on first use."""
+    value = cl.user_session.get(key)
+    if not isinstance(value, dict):
+        value = {}
+        cl.user_session.set(key, value)
+    return value
+
+
 def backend_threads() -> dict[str, list[ChatMessage]]:
     """Each backend's own thread of the conversation in compare and blind rounds (chat.history.Conversation)."""
-    threads = cl.user_session.get("threads")
-    if threads is None:
-        threads = {}
-        cl.user_session.set("threads", threads)
-    return threads
+    return session_dict("threads")
 
 
 async def resume(thread: dict) -> None:
