@@ -3,7 +3,10 @@
 `vllm_base_url` (session scope) converts the bundled GGUF if needed, starts
 vLLM exactly as `scripts/vllm_server.sh` does (the same command builder) on a
 free loopback port, waits for `/health` and yields the `/v1` base URL. The
-server is stopped by PID at the end of the session.
+server is stopped by PID at the end of the session. It runs with vLLM's own
+`VLLM_SERVER_DEV_MODE=1`, which adds its `/pause` and `/resume` routes: a test
+that must see requests running holds the engine with them (`held_vllm`) instead
+of racing its speed.
 
 Without `.venv-vllm` the fixture fails and says how to create it: a test
 that asked for the real server must not pass silently without one.
@@ -12,7 +15,9 @@ that asked for the real server must not pass silently without one.
 from __future__ import annotations
 
 import time
-from typing import Iterator
+import urllib.request
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import pytest
 
@@ -43,7 +48,7 @@ def vllm_base_url() -> Iterator[str]:
     command = server_command(
         model=BUNDLED_MODEL_DIR, served_model_name=BUNDLED_MODEL_NAME, port=port, cpu=True
     )
-    server = ServerProcess("vllm", command, env=server_env(cpu=True))
+    server = ServerProcess("vllm", command, env={**server_env(cpu=True), "VLLM_SERVER_DEV_MODE": "1"})
     started_s = time.perf_counter()
     server.start()
     try:
@@ -52,3 +57,30 @@ def vllm_base_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         server.stop()
+
+
+def _post(url: str) -> None:
+    with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=30) as response:
+        response.read()
+
+
+@contextmanager
+def held_vllm(root_url: str) -> Iterator[Callable[[Callable[[], bool], float], None]]:
+    """Pause the vLLM server at `root_url` (no /v1) with its own `/pause?mode=keep`: requests it
+    has stay where they are (running ones keep counting as running) and new ones wait unscheduled.
+    Yields `step_until(condition, timeout_s)`, which lets the engine take a step (resume, pause
+    again) until `condition()` is true while it is paused. Always resumes on the way out."""
+    _post(f"{root_url}/pause?mode=keep")
+
+    def step_until(condition: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, "the held vLLM server never reached the state asked for"
+            _post(f"{root_url}/resume")
+            _post(f"{root_url}/pause?mode=keep")
+            time.sleep(0.2)
+
+    try:
+        yield step_until
+    finally:
+        _post(f"{root_url}/resume")
