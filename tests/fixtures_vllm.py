@@ -7,7 +7,10 @@ free loopback port, waits for `/health` and yields it; `vllm_base_url` is its
 
 The test server also logs every request body it receives (vLLM's own
 `--enable-log-requests`, with only its request logger at DEBUG), so a test
-can check what vLLM was sent: `vllm_server.chat_requests()`.
+can check what vLLM was sent: `vllm_server.chat_requests()`. It runs with
+vLLM's own `VLLM_SERVER_DEV_MODE=1`, which adds its `/pause` and `/resume`
+routes: a test that must see requests running holds the engine with them
+(`held_vllm`) instead of racing its speed.
 
 Without `.venv-vllm` the fixture fails and says how to create it: a test
 that asked for the real server must not pass silently without one.
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -88,7 +93,8 @@ def vllm_server() -> Iterator[VLLMTestServer]:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     logging_config = LOG_DIR / "vllm-logging.json"
     logging_config.write_text(json.dumps(REQUEST_BODY_LOGGING))
-    server = ServerProcess("vllm", command, env={**server_env(cpu=True), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)})
+    server = ServerProcess("vllm", command, env={**server_env(cpu=True), "VLLM_LOGGING_CONFIG_PATH": str(logging_config),
+                                                    "VLLM_SERVER_DEV_MODE": "1"})
     started_s = time.perf_counter()
     server.start()
     try:
@@ -103,3 +109,30 @@ def vllm_server() -> Iterator[VLLMTestServer]:
 def vllm_base_url(vllm_server: VLLMTestServer) -> str:
     """Base URL (`http://127.0.0.1:PORT/v1`) of a real vLLM server serving the bundled model."""
     return vllm_server.base_url
+
+
+def _post(url: str) -> None:
+    with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=30) as response:
+        response.read()
+
+
+@contextmanager
+def held_vllm(root_url: str) -> Iterator[Callable[[Callable[[], bool], float], None]]:
+    """Pause the vLLM server at `root_url` (no /v1) with its own `/pause?mode=keep`: requests it
+    has stay where they are (running ones keep counting as running) and new ones wait unscheduled.
+    Yields `step_until(condition, timeout_s)`, which lets the engine take a step (resume, pause
+    again) until `condition()` is true while it is paused. Always resumes on the way out."""
+    _post(f"{root_url}/pause?mode=keep")
+
+    def step_until(condition: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, "the held vLLM server never reached the state asked for"
+            _post(f"{root_url}/resume")
+            _post(f"{root_url}/pause?mode=keep")
+            time.sleep(0.2)
+
+    try:
+        yield step_until
+    finally:
+        _post(f"{root_url}/resume")

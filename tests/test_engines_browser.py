@@ -11,6 +11,8 @@ from playwright.sync_api import Page, expect
 
 from chat.auth import hash_password
 from tests.fixtures_app import AppServer, run_coroutine, stored
+from tests.fixtures_vllm import held_vllm
+from tests.test_vllm_backend import engine_state
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -57,11 +59,16 @@ def test_vllm_panel_moves_under_simulated_load_and_back(page: Page, app_factory,
     expect(page.locator('[data-testid="engine-vllm"]')).to_contain_text("vLLM /metrics", timeout=30_000)
     assert as_int(engine_value(page, "vllm", "running")) == 0
     expect(page.locator('[data-testid="engine-row-kv"]')).to_be_visible()
-    page.locator('[data-testid="simulate-8"]').click()
-    # Eight users: vLLM batches them - several run at once.
-    busy = watch_panel(page, "vllm", "running", lambda r: as_int(r[-1]) >= 2, timeout_s=120)
-    assert max(as_int(v) for v in busy) >= 2
-    expect(page.locator('[data-testid="simulation"]')).to_be_visible()
+    # Eight users: vLLM batches them - several run at once. vLLM is held (paused with its requests
+    # kept) while the panel, refreshed once a second, is read: on a fast machine the whole batch
+    # could otherwise finish between two refreshes.
+    root = vllm_base_url.removesuffix("/v1")
+    with held_vllm(root) as step_until:
+        page.locator('[data-testid="simulate-8"]').click()
+        step_until(lambda: engine_state(root).running_requests >= 2, timeout_s=120)
+        busy = watch_panel(page, "vllm", "running", lambda r: as_int(r[-1]) >= 2, timeout_s=30)
+        assert max(as_int(v) for v in busy) >= 2
+        expect(page.locator('[data-testid="simulation"]')).to_be_visible()
     rate = watch_panel(page, "vllm", "rate", lambda r: r[-1] not in (None, "0.0"), timeout_s=60)
     assert float(rate[-1]) > 0
     # Done: back to nothing running, and the "as N grows" chart has its point.
@@ -80,21 +87,30 @@ def test_vllm_panel_moves_under_simulated_load_and_back(page: Page, app_factory,
     expect(page.locator('[data-testid="engine-at-start"]').last).to_contain_text("0 running")
 
 
-def test_embedded_queue_shows_in_the_panel_and_my_own_message_still_gets_its_reply(page: Page, app_factory):
-    app = app_factory({"BACKENDS": "llama_cpp", "DEFAULT_SYSTEM_PROMPT": "none", "DEFAULT_MAX_NEW_TOKENS": "32"},
-                      name="chainlit-engines-embedded")
+def test_embedded_queue_shows_in_the_panel_and_my_own_message_still_gets_its_reply(page: Page, app_factory, tmp_path):
+    hold = tmp_path / "hold-embedded"
+    app = app_factory({"BACKENDS": "llama_cpp", "DEFAULT_SYSTEM_PROMPT": "none", "DEFAULT_MAX_NEW_TOKENS": "32",
+                       "LAB_TEST_EMBEDDED_HOLD_FILE": str(hold)}, name="chainlit-engines-embedded")
     open_chat(page, app)
     command(page, "/engines")
     expect(page.locator('[data-testid="engine-llama_cpp"]')).to_contain_text("llama.cpp (embedded)", timeout=30_000)
-    page.locator('[data-testid="simulate-4"]').click()
-    queued = watch_panel(page, "llama_cpp", "queue", lambda r: as_int(r[-1]) >= 2, timeout_s=60)
-    assert max(as_int(v) for v in queued) >= 2  # one generates, the others wait their turn
-    assert engine_value(page, "llama_cpp", "context") is not None
-    # The person's own message: queued behind the simulated users, with its place shown, then answered.
-    command(page, "Are you still there?")
-    reply = page.locator('[data-testid="metrics"]').last
-    expect(reply).to_have_attribute("data-state", "queued", timeout=30_000)
-    expect(reply.locator('[data-testid="metrics-status"]')).to_contain_text("ahead")
+    # The first simulated request keeps the model (the test hook) until the file goes, as a long
+    # reply would, so the queue behind it is there to see however fast the model is.
+    hold.touch()
+    try:
+        page.locator('[data-testid="simulate-4"]').click()
+        # Four users: one has the model, the other three wait their turn.
+        queued = watch_panel(page, "llama_cpp", "queue", lambda r: as_int(r[-1]) == 3, timeout_s=60)
+        assert as_int(queued[-1]) == 3
+        assert engine_value(page, "llama_cpp", "context") is not None
+        # The person's own message: queued behind the four simulated users, with its place shown.
+        command(page, "Are you still there?")
+        reply = page.locator('[data-testid="metrics"]').last
+        expect(reply).to_have_attribute("data-state", "queued", timeout=30_000)
+        expect(reply.locator('[data-testid="metrics-status"]')).to_contain_text("4 ahead")
+    finally:
+        hold.unlink(missing_ok=True)
+    # Let go: the queue moves, the message is answered and the simulation ends.
     expect(reply).to_have_attribute("data-state", "completed", timeout=300_000)
     expect(page.locator(".step", has_text="Simulation of 4 user(s) done")).to_be_visible(timeout=300_000)
     watch_panel(page, "llama_cpp", "queue", lambda r: as_int(r[-1]) == 0, timeout_s=30)
@@ -122,10 +138,12 @@ def test_the_tgi_stand_ins_metrics_reach_the_panel_and_bench_runs_in_the_chat(pa
     expect(card.locator('[data-testid="engine-row-tpot"]')).to_be_visible(timeout=15_000)
 
 
-def test_only_teachers_may_load_the_engines_and_one_simulation_runs_at_a_time(chromium, app_factory):
+def test_only_teachers_may_load_the_engines_and_one_simulation_runs_at_a_time(chromium, app_factory, tmp_path):
     passwords = {"teacher": secrets.token_hex(6), "student": secrets.token_hex(6)}
+    hold = tmp_path / "hold-embedded"
     app = app_factory({
         "BACKENDS": "llama_cpp", "DEFAULT_SYSTEM_PROMPT": "none", "DEFAULT_MAX_NEW_TOKENS": "64",
+        "LAB_TEST_EMBEDDED_HOLD_FILE": str(hold),
         "AUTH_USERS": ",".join(f"{n}:{hash_password(p, iterations=1000)}" for n, p in passwords.items()),
         "TEACHERS": "teacher", "CHAINLIT_AUTH_SECRET": secrets.token_urlsafe(32),
     }, name="chainlit-engines-teachers")
@@ -146,6 +164,7 @@ def test_only_teachers_may_load_the_engines_and_one_simulation_runs_at_a_time(ch
         expect(student.locator('[data-testid="engines"]')).to_contain_text("Only a teacher")
         command(student, "/bench")
         expect(student.locator(".step", has_text="Only a teacher may start load")).to_be_visible()
+        hold.touch()  # the simulation's first request keeps the model: it is still running below
         teacher.locator('[data-testid="simulate-16"]').click()
         expect(teacher.locator('[data-testid="simulation"]')).to_be_visible(timeout=30_000)
         teacher.locator('[data-testid="simulate-2"]').click()
@@ -155,6 +174,7 @@ def test_only_teachers_may_load_the_engines_and_one_simulation_runs_at_a_time(ch
         teacher.locator('[data-testid="close-panel"]').last.click()
         expect(teacher.locator('[data-testid="panel-message"]').last).to_contain_text("Closed", timeout=30_000)
     finally:
+        hold.unlink(missing_ok=True)
         for page in pages.values():
             page.context.close()
 

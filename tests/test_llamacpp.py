@@ -119,6 +119,33 @@ async def test_concurrent_requests_are_served_in_order_with_their_place(llama):
     assert positions["a"] == [] and positions["b"][0] == 1 and positions["c"][:2] == [2, 1]
 
 
+async def test_the_test_hold_file_keeps_the_model_until_it_is_removed_or_stopped(llama, monkeypatch, tmp_path):
+    """The browser tests' hook (LAB_TEST_EMBEDDED_HOLD_FILE): a held generation keeps the model and
+    produces nothing while the file exists; removing it lets the reply go on; Stop ends a held one."""
+    hold = tmp_path / "hold"
+    monkeypatch.setenv("LAB_TEST_EMBEDDED_HOLD_FILE", str(hold))
+    params = GenerationParams(max_new_tokens=4, temperature=0.0)
+    hold.touch()
+    generated_before = llama.model.generated_tokens_total
+    reply = asyncio.create_task(measure(llama, ask("Say hi."), params))
+    await asyncio.sleep(1.0)
+    assert not reply.done() and llama.model.waiting == 1
+    assert llama.model.generated_tokens_total == generated_before
+    hold.unlink()
+    _, record = await asyncio.wait_for(reply, timeout=60)
+    assert record.output_tokens >= 1 and llama.model.waiting == 0
+
+    hold.touch()
+    stream = prepared_stream(llama, ask("Say hi."), params)
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.5)
+    assert not pending.done()
+    pending.cancel()  # what Stop does to a reply: its task is cancelled, the stream closes
+    await asyncio.wait_for(asyncio.gather(pending, return_exceptions=True), timeout=15)
+    await stream.aclose()
+    assert llama.model.waiting == 0 and hold.exists()
+
+
 async def test_event_loop_stays_responsive_during_generation(llama):
     worst_lag = 0.0
     done = asyncio.Event()

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import secrets
 import time
+import uuid
 
 import pytest
+import socketio
 from playwright.sync_api import Page, expect
 
 from chat.auth import hash_password
+from load.chainlit_client import SOCKET_PATH, browser_auth, browser_headers
 from tests.fixtures_app import AppServer, backend_env, start_paced_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -166,6 +169,75 @@ def test_login_keeps_each_persons_history_to_themselves_and_a_chat_resumes(chrom
             assert time.monotonic() < deadline, "the resumed chat did not reach the backend"
             time.sleep(0.2)
         assert left.requests()[-1]["messages_count"] == 3  # the earlier question, its reply, the new one
+    finally:
+        alice.context.close()
+        bob.context.close()
+
+
+def history_thread_id(page: Page, title: str) -> str:
+    """The id of this person's chat titled `title`, from its link in the history sidebar."""
+    deadline = time.monotonic() + 30
+    while not any(title in text for text in history_titles(page)):
+        assert time.monotonic() < deadline, f"{title!r} never appeared in the history"
+        page.reload()
+        wait_ready(page)
+    href = page.locator("#thread-history a", has_text=title).first.get_attribute("href")
+    return href.rstrip("/").rsplit("/", 1)[-1]
+
+
+def cookie_header(page: Page) -> str:
+    return "; ".join(f"{c['name']}={c['value']}" for c in page.context.cookies())
+
+
+def socket_accepts(app: AppServer, cookie: str, thread_id: str) -> bool:
+    """Whether Chainlit's socket accepts a connection made as the browser makes it, with these
+    cookies and `thread_id` as the chat to resume ("" for a new chat)."""
+    client = socketio.Client(reconnection=False)
+    try:
+        client.connect(app.url, socketio_path=SOCKET_PATH, transports=["websocket"], wait_timeout=15,
+                       headers={**browser_headers(app.url, "en-US"), "Cookie": cookie},
+                       auth={**browser_auth(str(uuid.uuid4())), "threadId": thread_id})
+    except socketio.exceptions.ConnectionError:
+        return False
+    client.disconnect()
+    return True
+
+
+def test_a_thread_id_alone_opens_nobody_elses_chat(chromium, login_app: AppServer):
+    """Bob knows the id of Alice's chat: Chainlit's REST route, the page at /thread/<id> and the
+    socket's resume all refuse him, while Alice reaches it each way (so the refusals are about
+    who asks, not a broken request)."""
+    alice = chromium.new_context(locale="en-US", viewport={"width": 1400, "height": 1000}).new_page()
+    bob = chromium.new_context(locale="en-US", viewport={"width": 1400, "height": 1000}).new_page()
+    secret = "alice private note " + secrets.token_hex(3)
+    try:
+        log_in(alice, login_app, "alice", PASSWORDS["alice"])
+        wait_ready(alice)
+        ask(alice, secret)
+        thread_id = history_thread_id(alice, secret)
+        log_in(bob, login_app, "bob", PASSWORDS["bob"])
+        wait_ready(bob)
+
+        url = f"{login_app.url}/project/thread/{thread_id}"
+        own = alice.request.get(url)
+        assert own.status == 200 and secret in own.text(), own.status
+        other = bob.request.get(url)
+        assert other.status in (401, 403, 404) and secret not in other.text(), (other.status, other.text()[:200])
+
+        assert socket_accepts(login_app, cookie_header(alice), thread_id)
+        # Bob's login connects without her thread and is refused with it: refused for the thread.
+        assert socket_accepts(login_app, cookie_header(bob), "")
+        assert not socket_accepts(login_app, cookie_header(bob), thread_id)
+
+        alice.goto(f"{login_app.url}/thread/{thread_id}")
+        expect(alice.locator(".step", has_text=secret).first).to_be_visible(timeout=30_000)
+        bob.goto(f"{login_app.url}/thread/{thread_id}")
+        # Chainlit's page says it could not resume the chat (or, were he let in, shows her message).
+        refused = bob.get_by_text("Couldn't resume chat")
+        expect(refused.or_(bob.locator(".step", has_text=secret)).first).to_be_visible(timeout=30_000)
+        assert secret not in bob.locator("body").inner_text()
+        expect(refused).to_be_visible()
+        assert secret not in bob.content()
     finally:
         alice.context.close()
         bob.context.close()
