@@ -77,10 +77,11 @@ def engine_state(root_url: str) -> EngineSnapshot:
 async def test_streamed_reply_has_exact_token_counts(vllm):
     chunks, record = await timed_reply(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=12, **GREEDY))
 
+    # The final usage comes on the finish chunk (continuous usage) and again in the closing usage chunk.
     server_figures = [c.server_figures for c in chunks if c.server_figures]
-    assert len(server_figures) == 1 and server_figures[0].source.startswith("vLLM usage")
+    assert server_figures and all(f.source.startswith("vLLM usage") for f in server_figures)
     counted = sum(c.token_count for c in chunks)
-    assert counted == server_figures[0].output_tokens == 12
+    assert counted == server_figures[-1].output_tokens == record.server_output_tokens == 12
     assert all(c.token_count is not None for c in chunks)
     assert record.tokens_exact and record.count_disagreement is None
     assert record.output_tokens == 12 and record.finish_reason == "length"
