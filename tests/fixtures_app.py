@@ -19,10 +19,11 @@ import json
 import os
 import tempfile
 import threading
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -105,6 +106,18 @@ async def stored(url: str, what: str, *args):
         return await getattr(store, what)(*args)
     finally:
         await store.aclose()
+
+
+def stored_when(url: str, what: str, *args, until: Callable[[Any], bool], timeout_s: float = 30.0):
+    """`stored(url, what, *args)` once `until(result)` holds (from a sync test). The page shows a
+    reply final a moment before the app has written its row: a read right away could miss it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = run_coroutine(stored(url, what, *args))
+        if until(result):
+            return result
+        assert time.monotonic() < deadline, f"the database never had what the test waits for ({what}{args})"
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------- the paced server

@@ -14,7 +14,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url, run_coroutine, stored
+from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url, stored_when
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -498,7 +498,8 @@ def test_finished_reply_opens_its_timeline_with_the_gap_chart_and_the_stored_fig
     # The database keeps the same record for this reply, with its per-chunk timeline (the
     # message's metadata carries the figures only: a timeline per message would grow memory).
     assert "chunk_times_s" not in record
-    (reply,) = [r for r in run_coroutine(stored(lab_app.env["DATABASE_URL"], "replies", 50))
+    (reply,) = [r for r in stored_when(lab_app.env["DATABASE_URL"], "replies", 50,
+                                       until=lambda rs: any(r.prompt == "Show me your timeline." for r in rs))
                 if r.prompt == "Show me your timeline."]
     assert reply.record["itl"] == itl and reply.first_token_s == record["first_token_s"]
     assert reply.output_tokens == 40 and len(reply.record["chunk_times_s"]) == 40

@@ -29,6 +29,7 @@ from tests.fixtures_app import (
     run_coroutine as run,
     start_paced_server,
     stored,
+    stored_when,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.vllm]
@@ -124,6 +125,13 @@ def round_replies(url: str, round_id: str) -> dict[str, object]:
     return {reply.backend: reply for reply in replies if reply.round_id == round_id}
 
 
+def finished_round_replies(url: str, round_id: str, columns: int) -> dict[str, object]:
+    """round_replies once every one of `columns` columns has its row (they are written after the
+    page shows the round final)."""
+    stored_when(url, "replies", 100, until=lambda rs: sum(r.round_id == round_id for r in rs) >= columns)
+    return round_replies(url, round_id)
+
+
 async def expected_prompt_tokens(kind: str, base_url: str, messages: list[ChatMessage]) -> int:
     if kind == "vllm":
         backend = OpenAICompatBackend(BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=base_url))
@@ -183,7 +191,8 @@ def test_compare_streams_three_real_backends_live_with_each_its_own_thread(
 
     # In both orders every backend received the same new prompt after its own thread, with the same settings.
     first_round, second_round = run(stored(compare_db, "rounds", 2))[::-1]
-    first, second = round_replies(compare_db, first_round.id), round_replies(compare_db, second_round.id)
+    first, second = (finished_round_replies(compare_db, round_.id, len(round_.columns))
+                     for round_ in (first_round, second_round))
     threads = {
         "sequential": (first, lambda name: [ChatMessage("user", first_question)]),
         "concurrent": (second, lambda name: [ChatMessage("user", first_question),
@@ -438,7 +447,7 @@ def test_blind_pace_shows_every_column_at_one_pace_in_tokens_and_no_names(
             assert not offenders, f"{word!r} was sent to the browser before the vote, in {offenders}"
         stored_round = latest_round(blind_pace_db)
         assert stored_round.run_order == run_order
-        replies = round_replies(blind_pace_db, stored_round.id)
+        replies = finished_round_replies(blind_pace_db, stored_round.id, len(stored_round.columns))
         whole = {column.label: replies[column.backend].reply_text for column in stored_round.columns}
         updates = compare_updates(received, stored_round.id)
         streaming = [{c["label"]: c["text"] for c in props["columns"]} for props in updates

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from chat.auth import hash_password
-from tests.fixtures_app import AppServer, run_coroutine, stored
+from tests.fixtures_app import AppServer, stored_when
 from tests.fixtures_vllm import held_vllm
 from tests.test_vllm_backend import engine_state
 
@@ -79,7 +79,9 @@ def test_vllm_panel_moves_under_simulated_load_and_back(page: Page, app_factory,
     # A reply records what the engine was doing just before it was sent.
     command(page, "Say hello.")
     expect(page.locator('[data-testid="metrics"][data-state="completed"]').last).to_be_visible(timeout=120_000)
-    (reply,) = [r for r in run_coroutine(stored(app.env["DATABASE_URL"], "replies", 50)) if r.prompt == "Say hello."]
+    (reply,) = [r for r in stored_when(app.env["DATABASE_URL"], "replies", 50,
+                                       until=lambda rs: any(r.prompt == "Say hello." for r in rs))
+                if r.prompt == "Say hello."]
     engine = reply.record["engine_at_start"]
     assert engine["source"] == "vLLM /metrics" and engine["running_requests"] == 0
     assert engine["kv_cache_usage"] is not None
