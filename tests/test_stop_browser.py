@@ -27,6 +27,7 @@ import pytest
 from playwright.sync_api import Page
 
 from tests.fixtures_app import AppServer, backend_env, run_coroutine
+from tests.fixtures_vllm import held_vllm
 from tests.test_browser import SNAPSHOT_JS, new_reply_id, number, send, switch_backend, watch_reply
 from tests.test_engines_browser import open_chat
 from tests.test_vllm_backend import engine_state
@@ -142,12 +143,15 @@ def test_stop_ends_the_request_on_the_real_vllm_server(page: Page, vllm_stop_app
     open_chat(page, vllm_stop_app)
     before = engine_state(root)
     assert before.running_requests == 0, before
-    step_id = start_long_reply(page, words=3)
-    # vLLM is generating this reply (its gauge is refreshed once per engine step).
-    poll(lambda: engine_state(root).running_requests, lambda running: running == 1,
-         what="vllm:num_requests_running while the reply streams")
-
-    final = press_stop(page, step_id)
+    # vLLM is held (its own pause, requests kept in place) and let on a step at a time until it is
+    # running this reply with a few words on screen: on a fast machine (a GPU) the whole reply
+    # could otherwise end before Stop. Stop then closes the request while vLLM still holds it.
+    with held_vllm(root) as step_until:
+        send(page, LONG_PROMPT)
+        step_id = new_reply_id(page, None)
+        step_until(lambda: (engine_state(root).running_requests == 1
+                            and len(page.evaluate(SNAPSHOT_JS, step_id)["text"].split()) >= 3), timeout_s=120)
+        final = press_stop(page, step_id)
     after = poll(lambda: engine_state(root), lambda state: state.running_requests == 0,
                  what="vllm:num_requests_running after Stop")
     generated = after.generation_tokens_total - before.generation_tokens_total
