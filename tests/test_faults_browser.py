@@ -28,6 +28,7 @@ from playwright.sync_api import Page, expect
 from backends.errors import REDACTED
 from scripts.vllm_launch import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, missing_venv_message, server_command, server_env
 from tests.fixtures_app import AppServer, backend_env, start_paced_server
+from tests.fixtures_vllm import held_vllm
 from tests.servers import PYTHON, ServerProcess, free_port
 from tests.test_browser import SNAPSHOT_JS, new_reply_id, send, watch_reply
 from tests.test_compare_browser import collect_frames
@@ -112,14 +113,27 @@ def error_after(page: Page, label: str):
 
 
 def kill_mid_reply_then_recover(page: Page, app: AppServer, *, name: str, label: str,
-                                server: ServerProcess, restart, ready_hint: str, min_words: int) -> dict:
-    """The scenario both engines go through; returns what was seen, for engine-specific checks."""
+                                server: ServerProcess, restart, ready_hint: str, min_words: int,
+                                hold=None) -> dict:
+    """The scenario both engines go through; returns what was seen, for engine-specific checks.
+    `hold`, if given, is a context manager factory like `held_vllm`: the engine is held (and let
+    on a step at a time) until `min_words` are on screen and killed while held, so a fast machine
+    cannot finish the reply before the kill."""
     app_pid = app.process.process.pid
     previous = (page.evaluate(SNAPSHOT_JS, None) or {}).get("stepId")
-    send(page, LONG_PROMPT)
-    step_id = new_reply_id(page, previous, timeout_s=120)
-    before_kill = wait_for_words(page, step_id, min_words)
-    kill(server)
+    if hold is None:
+        send(page, LONG_PROMPT)
+        step_id = new_reply_id(page, previous, timeout_s=120)
+        before_kill = wait_for_words(page, step_id, min_words)
+        kill(server)
+    else:
+        with hold() as step_until:
+            send(page, LONG_PROMPT)
+            step_id = new_reply_id(page, previous, timeout_s=120)
+            step_until(lambda: len((page.evaluate(SNAPSHOT_JS, step_id) or {}).get("text", "").split()) >= min_words,
+                       timeout_s=180)
+            before_kill = page.evaluate(SNAPSHOT_JS, step_id)["text"]
+            kill(server)
     final = watch_reply(page, step_id, timeout_ms=60_000)[-1]
     assert final["state"] == "error", final
     assert final["text"].startswith(before_kill.rstrip()[: len(before_kill) // 2]), "the partial text did not stay"
@@ -151,7 +165,8 @@ def kill_mid_reply_then_recover(page: Page, app: AppServer, *, name: str, label:
 
 def start_vllm(port: int, name: str) -> ServerProcess:
     command = server_command(model=BUNDLED_MODEL_DIR, served_model_name=BUNDLED_MODEL_NAME, port=port, cpu=True)
-    server = ServerProcess(name, command, env=server_env(cpu=True))
+    # vLLM's own dev mode adds /pause and /resume: the test holds it mid-reply (held_vllm).
+    server = ServerProcess(name, command, env={**server_env(cpu=True), "VLLM_SERVER_DEV_MODE": "1"})
     started_s = time.perf_counter()
     server.start_serving(f"http://127.0.0.1:{port}/health", VLLM_START_TIMEOUT_S)
     print(f"{name}: /health answered after {time.perf_counter() - started_s:.0f} s (log: {server.log_path})")
@@ -178,7 +193,8 @@ def test_vllm_killed_mid_reply_then_restarted_on_the_same_port(app_factory, page
             return servers[-1]
 
         seen = kill_mid_reply_then_recover(page, app, name="vllm", label="vLLM", server=servers[0],
-                                           restart=restart, ready_hint=BUNDLED_MODEL_NAME, min_words=8)
+                                           restart=restart, ready_hint=BUNDLED_MODEL_NAME, min_words=8,
+                                           hold=lambda: held_vllm(f"http://127.0.0.1:{port}"))
         assert f"127.0.0.1:{port}" in seen["error"]
     finally:
         for server in servers:
