@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -173,6 +174,21 @@ def start_paced_server(rate_tokens_per_s: float, tokens: int, *, name: str = "pa
     root_url = f"http://127.0.0.1:{port}"
     process = ServerProcess(name, command).start_serving(root_url + "/health", timeout_s)
     return PacedServer(root_url, process)
+
+
+@contextmanager
+def paced_pair(name: str, *, tokens: tuple[int, int] = (8, 6),
+               rates: tuple[float, float] = (200.0, 150.0)) -> Iterator[tuple[PacedServer, PacedServer]]:
+    """Two paced servers, a left and a right engine (for rounds, votes and the leaderboard), both
+    stopped on the way out (the first too if the second fails to start)."""
+    servers: list[PacedServer] = []
+    try:
+        for side, rate, count in zip(("left", "right"), rates, tokens):
+            servers.append(start_paced_server(rate_tokens_per_s=rate, tokens=count, name=f"paced-{name}-{side}"))
+        yield servers[0], servers[1]
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def closed_loopback_url() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Iterator
 from urllib.parse import urlparse
 
 import pytest
@@ -26,8 +27,8 @@ from tests.fixtures_app import (
     PacedServer,
     backend_env,
     closed_loopback_url,
+    paced_pair as paced_pairs,
     run_coroutine as run,
-    start_paced_server,
     stored,
     stored_when,
 )
@@ -473,12 +474,9 @@ def test_blind_pace_shows_every_column_at_one_pace_in_tokens_and_no_names(
 
 
 @pytest.fixture(scope="module")
-def paced_pair() -> tuple[PacedServer, PacedServer]:
-    first = start_paced_server(rate_tokens_per_s=200, tokens=12, name="paced-restart-a")
-    second = start_paced_server(rate_tokens_per_s=150, tokens=10, name="paced-restart-b")
-    yield first, second
-    first.stop()
-    second.stop()
+def paced_pair() -> Iterator[tuple[PacedServer, PacedServer]]:
+    with paced_pairs("restart", tokens=(12, 10)) as servers:
+        yield servers
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect
 
 from chat.auth import hash_password
 from load.chainlit_client import SOCKET_PATH, browser_auth, browser_headers
-from tests.fixtures_app import AppServer, backend_env, start_paced_server
+from tests.fixtures_app import AppServer, backend_env, paced_pair
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -25,11 +25,8 @@ READY_TIMEOUT_MS = 120_000
 
 @pytest.fixture(scope="module")
 def pair():
-    left = start_paced_server(rate_tokens_per_s=200, tokens=8, name="paced-reports-left")
-    right = start_paced_server(rate_tokens_per_s=150, tokens=6, name="paced-reports-right")
-    yield left, right
-    left.stop()
-    right.stop()
+    with paced_pair("reports") as servers:
+        yield servers
 
 
 def pair_env(pair, tmp_path_factory, name: str, **more: str) -> dict[str, str]:

@@ -16,8 +16,9 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from chat.auth import hash_password
-from tests.fixtures_app import AppServer, backend_env, run_coroutine as run, start_paced_server, stored
+from tests.fixtures_app import backend_env, paced_pair, run_coroutine as run, stored
 from tests.test_compare_browser import SNAPSHOT_JS, change_settings, send, watch_round
+from tests.test_reports_browser import log_in, wait_ready
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -27,19 +28,8 @@ NAMES = ("Left engine", "Right engine")
 
 @pytest.fixture(scope="module")
 def pair():
-    left = start_paced_server(rate_tokens_per_s=200, tokens=8, name="paced-resume-left")
-    right = start_paced_server(rate_tokens_per_s=150, tokens=6, name="paced-resume-right")
-    yield left, right
-    left.stop()
-    right.stop()
-
-
-def log_in(page: Page, app: AppServer) -> None:
-    page.goto(app.url)
-    page.locator("#email").fill("alice")
-    page.locator("#password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign In").click()
-    expect(page.locator(".step", has_text="paced-test-model").first).to_be_visible(timeout=120_000)
+    with paced_pair("resume") as servers:
+        yield servers
 
 
 def finished_figures(page: Page):
@@ -67,7 +57,8 @@ def test_a_reopened_chat_shows_its_figures_and_rounds_votes_and_goes_on(
         "CHAINLIT_AUTH_SECRET": secrets.token_urlsafe(32),
     }
     app = app_factory(env, name="chainlit-resume-before")
-    log_in(page, app)
+    log_in(page, app, "alice", PASSWORD)
+    wait_ready(page)
     send(page, "first question")
     expect(finished_figures(page)).to_have_count(1, timeout=60_000)
     ttft_before = finished_figures(page).locator('[data-testid="metrics-ttft"] .font-mono').inner_text()
@@ -80,7 +71,8 @@ def test_a_reopened_chat_shows_its_figures_and_rounds_votes_and_goes_on(
     restarted = app_factory(env, name="chainlit-resume-after")
     page = chromium.new_context(locale="en-US", viewport={"width": 1400, "height": 1000}).new_page()
     try:
-        log_in(page, restarted)
+        log_in(page, restarted, "alice", PASSWORD)
+        wait_ready(page)
         if not page.locator("#thread-history").is_visible():
             page.locator("#sidebar-trigger-button").click()
         page.locator("#thread-history a", has_text="first question").first.click()
