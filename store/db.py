@@ -189,8 +189,9 @@ class Store:
                 raise RoundNotFound(f"Round {round_id} has no column {label!r} (its columns: {', '.join(round_.labels)}).")
 
     async def set_revealed_view(self, round_id: str, view: dict[str, Any]) -> None:
-        """Keep what a blind round's element shows once voted on, for a vote cast after the chat
-        was reopened or the app restarted; raise `RoundNotFound` for an unknown round."""
+        """Keep what a round's element shows once voted on (for a blind round: its names, hidden
+        until then), for a vote cast after the chat was reopened or the app restarted; raise
+        `RoundNotFound` for an unknown round."""
         async with self._engine.begin() as connection:
             result = await connection.execute(
                 update(schema.compare_rounds).where(schema.compare_rounds.c.id == round_id)

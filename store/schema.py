@@ -192,8 +192,9 @@ compare_rounds = Table(
     Column("prompt", Text, nullable=False),
     Column("mode", Text, nullable=False),
     Column("run_order", Text, nullable=False),
-    # A blind round's element as it shows once voted on (names, models, figures): kept here, never
-    # in Chainlit's elements table, whose rows the browser receives when the chat is reopened.
+    # A round's element as it shows once voted on (names, models, figures), for a vote cast after
+    # the chat was reopened. Kept here, never in Chainlit's elements table: the browser receives
+    # those rows when the chat is reopened, and a blind round's names must wait for the vote.
     Column("revealed_view", JsonDocument),
 )
 
