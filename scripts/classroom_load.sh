@@ -71,19 +71,7 @@ mkdir -p "$results"
 step "Classroom load: $users users for $run_s s (at most $(( (run_s + stop_timeout_s + 59) / 60 + 1 )) min with set-up), results in $results"
 
 # ---------------------------------------------------------------- Locust's own venv
-stamp="$LOAD_VENV/.requirements-load.sha256"
-wanted=$(sha256sum requirements-load.txt | cut -d' ' -f1)
-if [ ! -x "$LOAD_VENV/bin/locust" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-  step "Setting up $LOAD_VENV (Locust, python-socketio, websocket-client; about a minute)"
-  [ -x "$LOAD_VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$LOAD_VENV"
-  set +o pipefail
-  "$LOAD_VENV/bin/pip" install --progress-bar off -r requirements-load.txt 2>&1 \
-    | grep --line-buffered -E '^(Collecting|Successfully|ERROR)' | sed -u 's/^/    /'
-  status=${PIPESTATUS[0]}
-  set -o pipefail
-  [ "$status" = 0 ] || fail "could not install requirements-load.txt into $LOAD_VENV"
-  echo "$wanted" > "$stamp"
-fi
+bash scripts/load_venv.sh || fail "could not set up $LOAD_VENV"
 LOAD_PY="$LOAD_VENV/bin/python"
 
 # ---------------------------------------------------------------- processes we start, stopped by PID
