@@ -8,7 +8,9 @@ at each concurrency, one backend at a time, with the app's own load engine and
 timing module, and writes DIR/table.md, requests.csv, summary.json and
 chart.png (DIR defaults to bench/results/<date-time>). A progress bar shows the
 requests; a backend that is down or fails is reported and the others still
-run; Ctrl-C writes what was measured so far.
+run; Ctrl-C writes what was measured so far (exit 130). It exits 1, naming
+why, when nothing was measured, a backend named in --backends was not, or a
+measured level has failed requests; 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from pathlib import Path
 
 from backends.errors import UnknownBackend
 from backends.registry import Registry
-from bench.article import RunSettings, article_table, run_benchmark, write_outputs
+from bench.article import RunSettings, article_table, benchmark_goals, run_benchmark, write_outputs
 from bench.prompt_sets import PromptSetError, load_prompt_set
+from bench.verdict import exit_status
 from config import ConfigurationError, load_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,13 +70,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def _main(args: argparse.Namespace, names: list[str], registry: Registry, prompts) -> int:
-    from tqdm import tqdm
+async def _main(args: argparse.Namespace, names: list[str], registry: Registry, prompts,
+                required: list[str]) -> int:
+    from bench.progress import progress_bar
 
     settings = RunSettings(concurrency=args.concurrency, requests=args.requests,
                            max_new_tokens=args.max_new_tokens, warmup=args.warmup, prompt_set=args.prompts)
     total = len(names) * (settings.warmup + settings.requests * len(settings.concurrency))
-    bar = tqdm(total=total, unit="req", dynamic_ncols=True)
+    bar = progress_bar(total)
     failures = 0
 
     def progress(stage: str, outcome) -> None:
@@ -93,7 +97,9 @@ async def _main(args: argparse.Namespace, names: list[str], registry: Registry, 
     print()
     print(article_table(run))
     print("Wrote " + ", ".join(str(path) for path in paths.values()))
-    return 130 if run.interrupted else 0
+    if run.interrupted:
+        return 130
+    return exit_status(benchmark_goals(run, required))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_main(args, names, registry, prompts))
+        # Backends asked for by name must be measured; of all configured ones, any that are up.
+        required = names if args.backends else []
+        return asyncio.run(_main(args, names, registry, prompts, required))
     except KeyboardInterrupt:  # a second Ctrl-C while writing
         return 130
 

@@ -9,7 +9,8 @@ llama.cpp backend only, and reports:
   until on_chat_start has finished), and how many sessions had to load the model.
 
 A second copy of the model would cost about the GGUF's size again (plus its
-context); the growth from 1 to 10 sessions should stay far below that.
+context). Goals, with a verdict (exit 1 naming a miss): the growth from 1 to
+10 sessions stays below one more copy, and only one session loads the model.
 
 Run: `.venv/bin/python -m bench.app_startup_memory [--sessions 10]`
 """
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil  # noqa: E402
 
 from backends.llamacpp import resolve_model_path  # noqa: E402
+from bench.verdict import Goal, at_most, exit_status  # noqa: E402
 from config import backend_configs, load_env  # noqa: E402
 from tests.fixtures_app import chainlit_command, launch_chromium  # noqa: E402
 from tests.servers import REPO, ServerProcess, free_port  # noqa: E402
@@ -39,6 +41,16 @@ SETTLE_S = 2.0
 # Shown only in the session that loads the model ("Loading ...", then "... loaded in X s (shared by
 # all sessions)", chat/i18n.py); later sessions find it loaded and show neither.
 LOADING_NOTES = ("Loading the llama.cpp model", "shared by all sessions")
+
+
+def sharing_goals(model_mb: float, extra_sessions_mb: float, loaders: int, sessions: int) -> list[Goal]:
+    """The model is loaded once and shared: the sessions after the first together grow the app by
+    less than one more copy of the model file, and only one session loads it."""
+    return [
+        at_most(f"app growth for {sessions - 1} more sessions (one more model copy = {model_mb:.0f} MB)",
+                extra_sessions_mb, model_mb, unit="MB"),
+        at_most(f"sessions of {sessions} that had to load the model", loaders, 1, digits=0),
+    ]
 
 
 def tree_rss_bytes(pid: int) -> int:
@@ -79,7 +91,7 @@ def open_session(browser, url: str):
     return context, page
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=10)
     args = parser.parse_args(argv)
@@ -133,10 +145,9 @@ def main(argv: list[str] | None = None) -> None:
           f"(+{(rss_many - rss_one) / mb:.1f} MB for {args.sessions - 1} more sessions, "
           f"{(rss_many - rss_one) / mb / max(1, args.sessions - 1):.2f} MB each)")
     print(f"  sessions that had to load the model: {loaders} of {len(contexts)}")
-    verdict = "not loaded twice" if (rss_many - rss_one) < model_mb * mb and loaders <= 1 else "CHECK: grew like a second copy"
-    print(f"  verdict: {verdict}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return exit_status(sharing_goals(model_mb, (rss_many - rss_one) / mb, loaders, len(contexts)))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -31,8 +31,9 @@ browsers that would run elsewhere).
 Without --vllm-url it starts vLLM (~1 min) and the app on free loopback
 ports and stops both by PID at the end or on Ctrl-C (which writes what was
 measured so far and exits 130). Exit status 1 when it could not measure
-(a server did not start, a request failed, nothing was generated); the goal
-is a printed verdict, not the exit status.
+(a server did not start, a request failed, nothing was generated) or a goal
+was missed: the ratio app / direct below --goal-ratio (0.9), or a phase whose
+token count differs from vLLM's counter; each miss is named.
 
 Run: `.venv/bin/python -m bench.app_vs_direct [--sessions 8] [--prompts-per-session 6] [--max-new-tokens 128]
       [--rounds 2] [--prompts en] [--vllm-url http://127.0.0.1:8001/v1] [--out DIR]`
@@ -71,6 +72,7 @@ from load.chainlit_client import AsyncChainlitClient, ChatFailed, ReplyRecord  #
 from store import Store  # noqa: E402
 from tests.fixtures_app import APP_START_TIMEOUT_S, chainlit_command  # noqa: E402
 from tests.servers import ServerProcess, free_port  # noqa: E402
+from bench.verdict import Goal, all_of, at_least, exit_status as verdict_status  # noqa: E402
 from timing import percentile  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -300,6 +302,7 @@ async def app_phase(phase: Phase, app_url: str, store: Store, backend: OpenAICom
 @dataclass
 class Run:
     settings: dict
+    goal_ratio: float = GOAL
     phases: list[Phase] = field(default_factory=list)
     interrupted: bool = False
     problem: str | None = None  # why it could not measure
@@ -323,20 +326,20 @@ class Run:
         ratio = self.ratio
         return {"settings": self.settings, "phases": [phase.as_dict() for phase in self.phases],
                 "pooled": {path: self.pooled(path) for path in PATHS}, "ratio_app_over_direct": ratio,
-                "goal": GOAL, "goal_met": None if ratio is None else ratio >= GOAL,
+                "goal": self.goal_ratio, "goal_met": None if ratio is None else ratio >= self.goal_ratio,
                 "counts_agree": all(phase.counts_agree for phase in self.phases),
                 "interrupted": self.interrupted, "problem": self.problem, "load_average": self.load_average}
 
 
 async def measure(run: Run, vllm_url: str, app_url: str, database_url: str, prompts: list[BenchPrompt],
                   sessions: int, params: GenerationParams, rounds: int) -> None:
-    from tqdm import tqdm
+    from bench.progress import progress_bar
 
     backend = OpenAICompatBackend(BackendConfig(name=BACKEND_NAME, kind="vllm", label="vLLM", base_url=vllm_url))
     store = await Store.open(database_url)
     order = phase_order(rounds)
     unique = list({prompt.source: prompt for prompt in prompts}.values())
-    bar = tqdm(total=len(unique) + 1 + len(order) * len(prompts), unit="req", dynamic_ncols=True)
+    bar = progress_bar(len(unique) + 1 + len(order) * len(prompts))
     cpu = CpuMeter({"vllm": port_pid(vllm_url), "app": port_pid(app_url), "bench": os.getpid()},
                    without_children={"bench"})  # the servers may be this process's children
     try:
@@ -414,14 +417,23 @@ def results_table(run: Run) -> str:
     return "\n".join(lines)
 
 
+def goals(run: Run) -> list[Goal]:
+    """The run's goals: pooled tokens/s through the app at least `goal_ratio` of the direct path's,
+    every request of every phase completed, and every phase's token count equal to vLLM's counter."""
+    measured = [phase for phase in run.phases if not phase.interrupted]
+    requests = sum(phase.requests for phase in measured)
+    why = run.problem or "no phase of both paths was measured"
+    return [
+        at_least("output tokens/s, app / direct (pooled)", run.ratio, run.goal_ratio, digits=3, why_unmeasured=why),
+        all_of("requests completed", sum(phase.completed for phase in measured), requests),
+        all_of("phases whose output tokens equal the change in vLLM's generation_tokens_total",
+               sum(1 for phase in measured if phase.counts_agree), len(measured)),
+    ]
+
+
 def verdict(run: Run) -> str:
-    ratio = run.ratio
-    if ratio is None:
-        return "ratio app / direct: not measured" + (f" ({run.problem})" if run.problem else "")
-    met = "met" if ratio >= GOAL else "NOT met"
-    counts = ("token counts equal vLLM's counter in every phase" if all(p.counts_agree for p in run.phases)
-              else "token counts DIFFER from vLLM's counter in some phase (see the table)")
-    return f"ratio app / direct (pooled tokens/s): {ratio:.3f} - goal >= {GOAL}: {met}; {counts}"
+    """The goals, one line each, for the results file."""
+    return "\n".join(f"- {goal.describe()}" for goal in goals(run))
 
 
 def write_results(run: Run, out: Path) -> list[Path]:
@@ -439,13 +451,10 @@ def write_results(run: Run, out: Path) -> list[Path]:
 
 
 def exit_status(run: Run) -> int:
+    """130 when interrupted; else the verdict: 0 when every goal was met, 1 naming each miss."""
     if run.interrupted:
         return 130
-    if run.problem or not run.phases or run.ratio is None:
-        return 1
-    if any(phase.failed or phase.output_tokens == 0 for phase in run.phases):
-        return 1
-    return 0
+    return verdict_status(goals(run))
 
 
 # ---------------------------------------------------------------- servers and main
@@ -504,6 +513,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="pairs of phases, ABBA order (2: direct app app direct)")
     parser.add_argument("--prompts", default="en", help="zh, en or a JSONL file (en)")
     parser.add_argument("--vllm-url", help="a running vLLM, http://127.0.0.1:PORT/v1 (default: start one)")
+    parser.add_argument("--goal-ratio", type=float, default=GOAL,
+                        help=f"the lowest app / direct tokens/s ratio that meets the goal ({GOAL})")
     parser.add_argument("--out", type=Path, help="folder for results.md and results.json "
                                                  "(default bench/results/app-vs-direct-<time>)")
     args = parser.parse_args(argv)
@@ -525,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or REPO / "bench" / "results" / f"app-vs-direct-{datetime.now():%Y%m%d-%H%M%S}"
     params = GenerationParams(temperature=0.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
-    run = Run({"sessions": args.sessions, "prompts_per_session": args.prompts_per_session,
+    run = Run(goal_ratio=args.goal_ratio, settings={
+               "sessions": args.sessions, "prompts_per_session": args.prompts_per_session,
                "requests_per_phase": len(prompts), "max_new_tokens": args.max_new_tokens,
                "prompt_set": args.prompts, "order": ", ".join(phase_order(args.rounds)),
                "sent": {"temperature": 0.0, "top_p": 1.0, "max_tokens": args.max_new_tokens},

@@ -30,6 +30,7 @@ from bench.memory import MemoryReading, measure_memory
 from bench.prompt_sets import BenchPrompt
 from bench.runner import LevelResult, RequestOutcome, run_level
 from bench.stats import REQUEST_COLUMNS, LevelSummary, as_json, request_row, summarise
+from bench.verdict import Goal, all_of, at_least
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,25 @@ async def _run_engine(registry: Registry, name: str, prompts: Sequence[BenchProm
                 raise asyncio.CancelledError
     except BackendError as error:
         run.skipped[name] = f"failed during the run: {error.describe()}"
+
+
+def benchmark_goals(run: BenchmarkRun, required: Sequence[str] = ()) -> list[Goal]:
+    """What a run must achieve to be a measurement: at least one engine measured; every backend
+    named in `required` (asked for by name) measured, not skipped; and every request of every
+    measured level completed (a level with failures would show figures of a subset)."""
+    measured = {engine.name for engine in run.engines}
+    skipped = "; ".join(f"{name}: {reason}" for name, reason in run.skipped.items())
+    goals = [at_least("engines measured", len(run.engines) or None, 1, digits=0,
+                      why_unmeasured=f"none ({skipped})" if skipped else "none")]
+    for name in required:
+        if name not in measured or name in run.skipped:
+            goals.append(at_least(f"{name} measured", None, 1, digits=0,
+                                  why_unmeasured=f"skipped ({run.skipped.get(name, 'not run')})"))
+    for engine in run.engines:
+        for summary in engine.summaries:
+            goals.append(all_of(f"{engine.label} at {summary.concurrency} concurrent: requests completed",
+                                summary.completed, summary.completed + summary.failed))
+    return goals
 
 
 # ---------------------------------------------------------------- outputs

@@ -10,12 +10,13 @@ kind this prints, over `--requests` sequential requests:
 - TTFT bias: shown TTFT minus the server's own TTFT (its first send after
   the request arrived), median and max, in ms: everything the client adds,
   before sending (client set-up, connecting, lookups) and after receiving
-  (parsing). Goal: <= +15 ms (or 5 %).
+  (parsing). Goal: median <= +15 ms.
 - decode rate ratio: shown decode tokens/s over the server's own pace between
   its first and last send, min and max. Goal: within 2 %.
 - exact counts: requests whose shown token count equals what the server sent.
 
-A last row measures the path the app used before (a new huggingface_hub
+Each kind's goals end in a verdict: the script exits 1 naming every missed
+goal (bench/verdict.py). A last row, not judged, measures the path the app used before (a new huggingface_hub
 `AsyncInferenceClient` per request, TGI Messages API), to show what a
 per-request client costs.
 
@@ -40,14 +41,31 @@ from backends.tgi import TGIBackend  # noqa: E402
 from config import BackendConfig  # noqa: E402
 from tests.fixtures_app import start_paced_server  # noqa: E402
 from tests.fixtures_tgi import start_paced_tgi_server  # noqa: E402
+from bench.verdict import Goal, all_of, at_most, exit_status, within_ratio  # noqa: E402
 from timing import RequestRecord, TimedStream, measure  # noqa: E402
 
 KINDS = ("openai", "vllm", "tgi messages", "tgi generate")
+TTFT_BIAS_GOAL_MS = 15.0  # the README's claim for every kind
+DECODE_RATE_TOLERANCE = 0.02  # shown decode tokens/s within 2 % of the server's pace
 
 
 def row(label: str, biases_ms: list[float], ratios: list[float], exact: int, total: int) -> str:
     return (f"{label:<34} {statistics.median(biases_ms):>8.1f} {max(biases_ms):>8.1f} "
             f"{min(ratios):>8.4f} {max(ratios):>8.4f} {exact:>4}/{total}")
+
+
+def kind_goals(kind: str, biases_ms: list[float], ratios: list[float], exact: int, total: int) -> list[Goal]:
+    """The goals one kind must meet: median TTFT bias within +15 ms, every request's decode rate
+    within 2 % of the server's pace, every token count exact."""
+    return [
+        at_most(f"{kind}: TTFT bias, median", statistics.median(biases_ms) if biases_ms else None,
+                TTFT_BIAS_GOAL_MS, unit="ms"),
+        within_ratio(f"{kind}: decode rate / server's pace, lowest", min(ratios) if ratios else None,
+                     DECODE_RATE_TOLERANCE, digits=4),
+        within_ratio(f"{kind}: decode rate / server's pace, highest", max(ratios) if ratios else None,
+                     DECODE_RATE_TOLERANCE, digits=4),
+        all_of(f"{kind}: exact token counts", exact, total),
+    ]
 
 
 def compare(record: RequestRecord, sent: dict) -> tuple[float, float, bool]:
@@ -75,7 +93,7 @@ async def per_request_hub_client(url: str, messages: list[ChatMessage], max_toke
         await client.close()
 
 
-async def main() -> None:
+async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=10, help="requests per kind (default 10)")
     parser.add_argument("--rate", type=float, default=200.0, help="server pace, tokens/s (default 200)")
@@ -99,6 +117,7 @@ async def main() -> None:
     params = GenerationParams(temperature=0.7, top_p=0.9, max_new_tokens=args.tokens)
     print(f"paced servers: {args.rate:g} tokens/s, {args.tokens} tokens, first token after {args.first_token_ms:g} ms; "
           f"{args.requests} sequential requests per kind")
+    goals: list[Goal] = []
     print(f"{'kind':<34} {'TTFT bias ms':>17} {'decode rate ratio':>17} {'exact':>9}")
     print(f"{'':<34} {'median':>8} {'max':>8} {'min':>8} {'max':>8}")
     try:
@@ -113,6 +132,7 @@ async def main() -> None:
                 ratios.append(ratio)
                 exact += same
             print(row(kind, biases, ratios, exact, args.requests))
+            goals += kind_goals(kind, biases, ratios, exact, args.requests)
 
         biases, ratios, exact = [], [], 0
         for index in range(args.requests):
@@ -127,13 +147,14 @@ async def main() -> None:
             biases.append(bias)
             ratios.append(ratio)
             exact += same
-        print(row("tgi messages, client per request", biases, ratios, exact, args.requests) + "   (before)")
+        print(row("tgi messages, client per request", biases, ratios, exact, args.requests) + "   (before; not judged)")
     finally:
         for backend in backends.values():
             await backend.aclose()
         openai_server.stop()
         tgi_server.process.stop()
+    return exit_status(goals)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))

@@ -15,7 +15,8 @@ concurrency, the same number of new tokens and greedy decoding, it runs:
 Both run twice, interleaved, after a warm-up (vLLM caches prompt prefixes, so a
 cold first run would favour the second tool). Goal: output tokens/s within 5%.
 It exits 1, naming each failed check, when a request failed, a token count
-differs from vLLM's usage or the throughput is outside the goal.
+differs from vLLM's usage, our total output tokens differ from `vllm bench
+serve`'s own count in a run, or the throughput is outside the goal.
 
 Run: `.venv/bin/python -m bench.vllm_agreement [--requests 32] [--concurrency 8] [--max-new-tokens 64]
       [--base-url http://127.0.0.1:8001/v1]` (without --base-url it starts vLLM itself, ~1 min).
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -52,9 +54,12 @@ THROUGHPUT_GOAL = 0.05  # ours / vllm bench serve within 5%
 
 
 def agreement_failures(throughput_ratio: float | None, counts_equal: int, completed: int, sent: int,
-                       goal: float = THROUGHPUT_GOAL) -> list[str]:
+                       goal: float = THROUGHPUT_GOAL,
+                       output_tokens: Sequence[tuple[int | None, int | None]] = ()) -> list[str]:
     """The checks that failed, each saying why (empty: all met): every request completed, every
-    token count equals vLLM's usage, and output tokens/s (ours / vllm bench serve) is within `goal`."""
+    token count equals vLLM's usage, output tokens/s (ours / vllm bench serve) is within `goal`,
+    and in each pair of runs our total output tokens equal `vllm bench serve`'s own count
+    (`output_tokens`: (ours, theirs) per run; the same greedy prompts must give the same tokens)."""
     failures = []
     if completed < sent:
         failures.append(f"{sent - completed} of {sent} requests failed")
@@ -65,6 +70,9 @@ def agreement_failures(throughput_ratio: float | None, counts_equal: int, comple
     elif abs(throughput_ratio - 1) > goal:
         failures.append(f"output tokens/s: ours / vllm bench serve = {throughput_ratio:.3f}, "
                         f"outside the {goal:.0%} goal")
+    for run, (ours_total, theirs_total) in enumerate(output_tokens, 1):
+        if ours_total is None or theirs_total is None or ours_total != theirs_total:
+            failures.append(f"output tokens, run {run}: ours {ours_total}, vllm bench serve {theirs_total}")
     return failures
 
 
@@ -195,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ours_ttft, their_ttft = mean(our_runs, "mean_ttft_ms"), mean(our_runs, "vllm_histogram_mean_ttft_ms")
     exact = sum(run["counts_equal_usage"] for run in our_runs)
     completed = sum(run["completed"] for run in our_runs)
-    failures = agreement_failures(ratio, exact, completed, sent=len(prompts) * len(our_runs))
+    totals = [(ours_run.get("total_output_tokens"), their_run.get("total_output_tokens"))
+              for ours_run, their_run in zip(our_runs, their_runs)]
+    failures = agreement_failures(ratio, exact, completed, sent=len(prompts) * len(our_runs), output_tokens=totals)
     if ratio is not None:
         print(f"\noutput tokens/s, ours / vllm bench serve: {ratio:.3f} "
               f"({'within' if abs(ratio - 1) <= THROUGHPUT_GOAL else 'outside'} the {THROUGHPUT_GOAL:.0%} goal)")
@@ -208,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     for failure in failures:
         print(f"FAILED: {failure}", file=sys.stderr)
     if not failures:
-        print("All checks met: every token count equals vLLM's usage, output tokens/s within the goal.")
+        print("All checks met: every token count equals vLLM's usage, the totals equal vllm bench serve's, "
+              "output tokens/s within the goal.")
     return 1 if failures else 0
 
 

@@ -26,3 +26,13 @@ def test_a_token_count_that_differs_fails():
 def test_failed_requests_and_a_missing_figure_fail():
     failures = agreement_failures(None, counts_equal=60, completed=60, sent=64)
     assert failures == ["4 of 64 requests failed", "output tokens/s: no figure from one side to compare"]
+
+
+def test_our_total_output_tokens_must_equal_vllm_bench_serves_own_count():
+    assert agreement_failures(1.0, counts_equal=64, completed=64, sent=64,
+                              output_tokens=[(1904, 1904), (1904, 1904)]) == []
+    (failure,) = agreement_failures(1.0, counts_equal=64, completed=64, sent=64,
+                                    output_tokens=[(1904, 1904), (1903, 1904)])
+    assert failure == "output tokens, run 2: ours 1903, vllm bench serve 1904"
+    (failure,) = agreement_failures(1.0, counts_equal=64, completed=64, sent=64, output_tokens=[(1904, None)])
+    assert failure == "output tokens, run 1: ours 1904, vllm bench serve None"
