@@ -4,13 +4,18 @@ Two paced servers whose true send times are recorded (the OpenAI-protocol one,
 for kinds "openai" and "vllm", and the TGI-protocol one with its paced engine,
 for both TGI routes) stream at a known pace. For every kind, the backend +
 timing path must give a TTFT just above the server's first send, the server's
-decode rate and its exact token count. Every attempt must meet generous safety
-bounds (a loaded CI machine) and the best of three the tighter ones, which a
-systematic bias would miss in every attempt; `bench/measurement_parity.py`
-measures the tight figures that go into the README.
+decode rate and its exact token count.
+
+The bounds are the README's claims, judged on the median of five attempts:
+a bias in the measurement shows in every attempt, a busy machine's scheduling
+hiccup in one or two, which the median passes over. `bench/measurement_parity.py`
+measures the figures that go into the README (+1..+5 ms TTFT, decode within 0.1 %).
 """
 
 from __future__ import annotations
+
+import asyncio
+import statistics
 
 import pytest
 
@@ -20,18 +25,23 @@ from backends.tgi import TGIBackend
 from config import BackendConfig
 from tests.fixtures_app import start_paced_server
 from tests.fixtures_tgi import start_paced_tgi_server
-from timing import RequestRecord, measure
+from timing import RequestRecord, measure, measure_prepared
 
 RATE_TOKENS_PER_S = 100.0
-TOKENS = 30
+TOKENS = 60
 FIRST_TOKEN_S = 0.05
+ATTEMPTS = 5
 KINDS = ["openai", "vllm", "tgi-messages", "tgi-generate"]
-# The benchmark's goal is +15 ms (or 5 %) and 2 %. A bias in the measurement shows in every attempt,
-# a busy machine's scheduling hiccup in one: the best of three attempts must meet these bounds...
-MAX_TTFT_BIAS_S = 0.06
-RATE_TOLERANCE = 0.10
+# TTFT: the median bias over the attempts must stay within the benchmark's +15 ms goal. Measured
+# here: +1..+5 ms for every kind, so 15 ms leaves 10 ms for a loaded machine; the old per-request
+# huggingface_hub client measured +24 ms (median) and +47 ms (worst), which this bound fails (the
+# last test below shows the check failing on a 24 ms cost put inside the measured time).
+MEDIAN_TTFT_BIAS_S = 0.015
+# Decode rate: the median error within the 2 % goal (measured: 0.1 %). 60 tokens at 100/s span
+# 590 ms, so 2 % is 12 ms of jitter on the first and last arrival together.
+MEDIAN_RATE_TOLERANCE = 0.02
 ITL_MEDIAN_TOLERANCE = 0.5
-# ...and every attempt these generous safety bounds (a loaded CI machine).
+# Every single attempt: safety bounds only (a loaded CI machine may stall one attempt).
 MAX_TTFT_BIAS_ANY_S = 0.5
 RATE_TOLERANCE_ANY = 0.5
 
@@ -86,13 +96,14 @@ def ttft_bias_s(record: RequestRecord, sent: dict) -> float:
     return record.first_token_s - (sent["first_token_sent_at_s"] - sent["received_at_s"])
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_shown_figures_match_the_servers_send_times(kind, backend_of, paced_openai, paced_tgi):
-    backend = backend_of(kind)
+async def attempts(kind: str, backend, paced_openai, paced_tgi, count: int = ATTEMPTS,
+                   measure_one=measure) -> tuple[list[float], list[float], list[float]]:
+    """TTFT biases (s), decode rate errors and ITL median errors of `count` sequential replies,
+    each checked for exact counts and against the safety bounds."""
     params = GenerationParams(temperature=0.7, top_p=0.9, max_new_tokens=TOKENS)
     biases, rate_errors, itl_errors = [], [], []
-    for attempt in range(3):
-        text, record = await measure(backend, [ChatMessage("user", f"Attempt {attempt}: count.")], params)
+    for attempt in range(count):
+        text, record = await measure_one(backend, [ChatMessage("user", f"Attempt {attempt}: count.")], params)
         sent = await server_send_times(kind, paced_openai, paced_tgi)
         assert text.split()[:2] in (["w1", "w2"],) and len(text.split()) == TOKENS, text
         # TTFT: at least the server's own, at most a little above it.
@@ -109,9 +120,43 @@ async def test_shown_figures_match_the_servers_send_times(kind, backend_of, pace
         assert record.output_tokens == sent["tokens_sent"] == TOKENS
         assert record.itl is not None and record.itl.count == TOKENS - 1
         itl_errors.append(abs(record.itl.median_ms / (1000 / RATE_TOKENS_PER_S) - 1))
-    assert min(biases) < MAX_TTFT_BIAS_S, f"{kind}: TTFT {min(biases) * 1000:.1f} ms above the server's own at best"
-    assert min(rate_errors) < RATE_TOLERANCE, (kind, rate_errors)
-    assert min(itl_errors) < ITL_MEDIAN_TOLERANCE, (kind, itl_errors)
+    return biases, rate_errors, itl_errors
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_shown_figures_match_the_servers_send_times(kind, backend_of, paced_openai, paced_tgi):
+    biases, rate_errors, itl_errors = await attempts(kind, backend_of(kind), paced_openai, paced_tgi)
+    median_bias = statistics.median(biases)
+    assert median_bias < MEDIAN_TTFT_BIAS_S, (
+        f"{kind}: TTFT {median_bias * 1000:.1f} ms above the server's own (median of {ATTEMPTS}; "
+        f"all: {[round(b * 1000, 1) for b in biases]} ms)")
+    assert statistics.median(rate_errors) < MEDIAN_RATE_TOLERANCE, (kind, rate_errors)
+    assert statistics.median(itl_errors) < ITL_MEDIAN_TOLERANCE, (kind, itl_errors)
+
+
+async def test_the_ttft_bound_fails_a_per_request_client_cost(backend_of, paced_openai, paced_tgi):
+    """The check can fail: 24 ms of set-up inside the measured time (what a new huggingface_hub
+    client per request cost) takes the median bias over the bound."""
+    backend = backend_of("tgi-messages")
+
+    async def measured_with_setup_inside(backend, messages, params):
+        request = await backend.prepare(messages, params)
+        inner = backend.stream
+
+        async def stream_after_setup(prepared):
+            await asyncio.sleep(0.024)  # a client built after the clock started
+            async for chunk in inner(prepared):
+                yield chunk
+
+        backend.stream = stream_after_setup
+        try:
+            return await measure_prepared(backend, request)
+        finally:
+            del backend.stream
+
+    biases, _, _ = await attempts("tgi-messages", backend, paced_openai, paced_tgi, count=3,
+                                  measure_one=measured_with_setup_inside)
+    assert statistics.median(biases) >= MEDIAN_TTFT_BIAS_S, biases
 
 
 @pytest.mark.parametrize("kind", ["openai", "vllm"])
