@@ -18,10 +18,12 @@ from urllib.parse import urlparse
 import pytest
 from playwright.sync_api import Page, expect
 
-from backends.base import ChatMessage
+from backends.base import ChatMessage, GenerationParams
 from backends.llamacpp import LlamaCppBackend
 from backends.openai_compat import OpenAICompatBackend
 from config import BackendConfig
+from tests.browser_frames import collect_frames, drain_frames, session_id
+from tests.controls import config_reaches_the_cap
 from tests.fixtures_app import (
     AppServer,
     PacedServer,
@@ -238,9 +240,14 @@ def test_one_backend_down_leaves_the_other_columns_working(
 @pytest.fixture(scope="module")
 def long_compare_app(app_factory, vllm_base_url, tgi_server, tmp_path_factory) -> AppServer:
     env = three_backends_env(vllm_base_url, tgi_server, DEFAULT_MODE="compare", DEFAULT_RUN_ORDER="concurrent",
-                             DEFAULT_COMPARE_BACKENDS="llama_cpp,vllm,tgi", DEFAULT_MAX_NEW_TOKENS="1024",
+                             DEFAULT_COMPARE_BACKENDS="llama_cpp,vllm,tgi",
+                             DEFAULT_MAX_NEW_TOKENS=str(STOP_CAP),
                              DATABASE_URL=database_url(tmp_path_factory, "stop"))
     return app_factory(env, name="chainlit-compare-stop")
+
+
+STOP_CAP = 512
+STORY = "Write a very long story about a dragon and a knight."
 
 
 def test_stop_ends_every_columns_request_and_keeps_the_partial_texts(
@@ -248,8 +255,14 @@ def test_stop_ends_every_columns_request_and_keeps_the_partial_texts(
     from tests.test_vllm_backend import metric_value
 
     root = vllm_base_url.removesuffix("/v1")
+    # Control runs: each engine, left alone, writes this story to the cap (so "below the cap" means Stop).
+    params = GenerationParams(temperature=0.0, top_p=0.95, max_new_tokens=STOP_CAP)
+    for config in (BackendConfig(name="llama_cpp", kind="llamacpp", label="llama.cpp"),
+                   BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=vllm_base_url),
+                   BackendConfig(name="tgi", kind="tgi", label="TGI", base_url=tgi_server.url)):
+        run(config_reaches_the_cap(config, [ChatMessage("user", STORY)], params))
     open_chat(page, long_compare_app, tgi_server.model_id)
-    send(page, "Write a very long story about a dragon and a knight.")
+    send(page, STORY)
     deadline = time.monotonic() + ROUND_TIMEOUT_S
     while True:
         snapshot = page.evaluate(SNAPSHOT_JS, False)
@@ -261,7 +274,7 @@ def test_stop_ends_every_columns_request_and_keeps_the_partial_texts(
     final = watch_round(page, 0, timeout_s=60)[-1]
     assert [c["state"] for c in final["columns"]] == ["stopped"] * 3, final["columns"]
     assert all(c["text"].strip() for c in final["columns"]), "each column keeps its partial text"
-    # The requests ended on the servers, long before their 1024-token cap.
+    # The requests ended on the servers, before their cap.
     deadline = time.monotonic() + 15
     while metric_value(root, "vllm:num_requests_running") != 0:
         assert time.monotonic() < deadline, "vLLM kept generating after Stop"
@@ -272,8 +285,8 @@ def test_stop_ends_every_columns_request_and_keeps_the_partial_texts(
         return latest if latest["status"] != "running" else None
 
     generation = run(tgi_server.wait_until(tgi_ended, timeout_s=15, what="TGI to end the generation after Stop"))
-    assert generation["status"] == "cancelled" and generation["generated_tokens"] < 1024
-    assert all(int(c["tokens"].rstrip(" ≈")) < 1024 for c in final["columns"])
+    assert generation["status"] == "cancelled" and generation["generated_tokens"] < STOP_CAP
+    assert all(int(c["tokens"].rstrip(" ≈")) < STOP_CAP for c in final["columns"])
 
 
 # ---------------------------------------------------------------- blind
@@ -289,36 +302,6 @@ def blind_app(app_factory, vllm_base_url, tgi_server, blind_db) -> AppServer:
     env = three_backends_env(vllm_base_url, tgi_server, DEFAULT_MODE="blind",
                              DEFAULT_COMPARE_BACKENDS="llama_cpp,vllm,tgi", DATABASE_URL=blind_db)
     return app_factory(env, name="chainlit-blind")
-
-
-def collect_frames(page: Page) -> dict[str, list[str]]:
-    """Every websocket frame the page receives and sends, as text."""
-    frames: dict[str, list[str]] = {"received": [], "sent": []}
-
-    def as_text(payload) -> str:
-        return payload if isinstance(payload, str) else payload.decode("utf-8", "replace")
-
-    def on_socket(ws) -> None:
-        ws.on("framereceived", lambda payload: frames["received"].append(as_text(payload)))
-        ws.on("framesent", lambda payload: frames["sent"].append(as_text(payload)))
-
-    def on_request(request) -> None:
-        # socket.io connects over HTTP long-polling first: its CONNECT packet is a POST body.
-        if "/ws/socket.io" in request.url and request.method == "POST" and request.post_data:
-            frames["sent"].append(request.post_data)
-
-    page.on("websocket", on_socket)
-    page.on("request", on_request)
-    return frames
-
-
-def session_id(frames: dict[str, list[str]]) -> str:
-    """The socket.io session id the page sent when it connected (what /project/action needs)."""
-    for frame in frames["sent"]:
-        start = frame.find('40{')
-        if start >= 0 and "sessionId" in frame:
-            return json.loads(frame[start + 2:].split("\x1e")[0])["sessionId"]
-    raise AssertionError("no socket.io connect frame seen")
 
 
 def post_action(page: Page, app: AppServer, frames, payload: dict) -> dict:
@@ -337,10 +320,11 @@ def test_blind_round_sends_no_names_until_the_vote_then_reveals_and_counts_it(
         page: Page, blind_app: AppServer, blind_db: str, vllm_base_url: str, tgi_server):
     frames = collect_frames(page)
     open_chat(page, blind_app, tgi_server.model_id)
-    page.wait_for_timeout(1500)  # Playwright hands frames to Python only while it waits: take them all
-    received_before = len(frames["received"])
+    received_before = len(drain_frames(page, frames))  # the chat start's frames are all in
     send(page, "List three fruits.")
     watch_round(page, 0)
+    # Every frame of the round's task, late ones included (its last element update, task_end).
+    drain_frames(page, frames, since=received_before, until_task_end=True)
     final = page.evaluate(SNAPSHOT_JS, True)
     assert final["blind"] and not final["revealed"]
     secrets = identifying_words(vllm_base_url, tgi_server)
@@ -436,13 +420,11 @@ def test_blind_pace_shows_every_column_at_one_pace_in_tokens_and_no_names(
     for prompt, run_order in prompts:
         if run_order == "concurrent":
             change_settings(page, run_order="Concurrent (all at once)")
-        page.wait_for_timeout(1500)  # Playwright hands frames to Python only while it waits: take them all
-        received_before = len(frames["received"])
+        received_before = len(drain_frames(page, frames))
         before = rounds_on_page(page)
         send(page, prompt)
         watch_round(page, before)
-        page.wait_for_timeout(1500)
-        received = frames["received"][received_before:]
+        received = drain_frames(page, frames, since=received_before, until_task_end=True)
         for word in secrets:
             offenders = [frame[:60] for frame in received if word in frame]
             assert not offenders, f"{word!r} was sent to the browser before the vote, in {offenders}"

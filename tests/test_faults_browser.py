@@ -31,7 +31,7 @@ from tests.fixtures_app import AppServer, backend_env, start_paced_server
 from tests.fixtures_vllm import held_vllm
 from tests.servers import PYTHON, ServerProcess, free_port
 from tests.test_browser import SNAPSHOT_JS, new_reply_id, send, watch_reply
-from tests.test_compare_browser import collect_frames
+from tests.browser_frames import collect_frames, drain_frames
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -275,11 +275,12 @@ def test_an_echoed_api_key_is_in_no_page_frame_log_or_database(app_factory, page
         }, name="chainlit-faults-key")
         frames = collect_frames(page)
         open_chat(page, app, "paced-test-model")
+        before = len(drain_frames(page, frames))
         send(page, "Hello?")
         error = error_after(page, "Gateway")
         expect(error).to_contain_text(f"Incorrect API key provided: {REDACTED}", timeout=60_000)
         expect(error).to_contain_text("GATEWAY_API_KEY")
-        page.wait_for_timeout(1500)  # Playwright hands frames over only while the test waits
+        drain_frames(page, frames, since=before, until_task_end=True)
 
         assert key not in page.content()
         assert frames["received"] and frames["sent"]

@@ -9,6 +9,7 @@ from backends.base import ChatMessage, GenerationParams
 from backends.errors import BackendUnavailable, InputRejected
 from backends.llamacpp import LlamaCppBackend, bundled_model_path
 from config import BackendConfig
+from tests.controls import reaches_the_cap
 from tests.streams import prepared_stream
 from timing import TimedStream, measure
 
@@ -54,12 +55,14 @@ async def test_chinese_streams_without_broken_characters(llama):
         assert "\ufffd" not in piece
 
 
-# Greedy, the bundled model writes 400+ tokens for this: only Stop ends it before its cap.
+# Greedy, the bundled model writes 400+ tokens for this (the control run proves it): only Stop
+# ends it before its cap.
 LONG_STORY = "Write a very long story about a dragon and a knight."
 
 
 async def test_stop_ends_generation_at_the_next_token(llama):
     cap = 400
+    await reaches_the_cap(llama, ask(LONG_STORY), GenerationParams(temperature=0.0, max_new_tokens=cap))
     generated_before = llama.model.generated_tokens_total
     timed = TimedStream(prepared_stream(llama, ask(LONG_STORY), GenerationParams(temperature=0.0, max_new_tokens=cap)),
                         backend="l", model="m")

@@ -124,12 +124,29 @@ def log_in(page: Page, app: AppServer, user: str, password: str) -> None:
 
 
 def history_titles(page: Page) -> list[str]:
+    """The titles the history sidebar lists now (it is opened if closed)."""
     history = page.locator("#thread-history")
     if not history.is_visible():
         page.locator("#sidebar-trigger-button").click()
     expect(history).to_be_visible(timeout=30_000)
-    time.sleep(1.0)
     return [title.strip() for title in history.locator("a").all_inner_texts()]
+
+
+def wait_for_history_title(page: Page, title: str, timeout_s: float = 60) -> list[str]:
+    """The sidebar's titles once a chat titled `title` is among them. The sidebar fills a moment
+    after the page (and lists a new chat once its first message is stored): wait for the link,
+    reloading the page now and then, never a fixed sleep."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        titles = history_titles(page)
+        if any(title in text for text in titles):
+            return titles
+        assert time.monotonic() < deadline, f"{title!r} never appeared in the history: {titles}"
+        try:
+            expect(page.locator("#thread-history a", has_text=title).first).to_be_visible(timeout=5_000)
+        except AssertionError:
+            page.reload()
+            wait_ready(page)
 
 
 def test_login_keeps_each_persons_history_to_themselves_and_a_chat_resumes(chromium, login_app: AppServer, pair):
@@ -143,16 +160,14 @@ def test_login_keeps_each_persons_history_to_themselves_and_a_chat_resumes(chrom
         wait_ready(alice)
         ask(alice, "alice secret plan")
         expect(alice.locator("#thread-history").or_(alice.locator("#sidebar-trigger-button")).first).to_be_visible()
-        deadline = time.monotonic() + 30
-        while not any("alice secret plan" in title for title in history_titles(alice)):
-            assert time.monotonic() < deadline, "alice's chat never appeared in her history"
-            alice.reload()
-            wait_ready(alice)
+        wait_for_history_title(alice, "alice secret plan")
 
         log_in(bob, login_app, "bob", PASSWORDS["bob"])
         wait_ready(bob)
         ask(bob, "bob's own question")
-        titles = history_titles(bob)
+        # Bob's sidebar is read once it lists his own chat (an empty or not yet filled sidebar
+        # would pass the check below for nothing).
+        titles = wait_for_history_title(bob, "bob's own question")
         assert not any("alice" in title for title in titles), titles
 
         # Alice reopens her chat from the sidebar: it goes on with its history.
@@ -173,11 +188,7 @@ def test_login_keeps_each_persons_history_to_themselves_and_a_chat_resumes(chrom
 
 def history_thread_id(page: Page, title: str) -> str:
     """The id of this person's chat titled `title`, from its link in the history sidebar."""
-    deadline = time.monotonic() + 30
-    while not any(title in text for text in history_titles(page)):
-        assert time.monotonic() < deadline, f"{title!r} never appeared in the history"
-        page.reload()
-        wait_ready(page)
+    wait_for_history_title(page, title)
     href = page.locator("#thread-history a", has_text=title).first.get_attribute("href")
     return href.rstrip("/").rsplit("/", 1)[-1]
 

@@ -13,8 +13,11 @@ user presses Chainlit's Stop button, is the engine still generating?
   `/generate_stream` route: the generation was running and is recorded as
   cancelled.
 
-Every reply is allowed 1024 new tokens and asked for a very long story, so
-only Stop can end it early.
+Every reply is allowed MAX_NEW_TOKENS new tokens and asked for a very long
+story, greedy. Each test first proves, with a control run of the same request
+straight to the engine, that without Stop this engine writes to the cap
+(finish reason "length"): so a reply that ends below the cap was ended by Stop,
+not by the model finishing on its own.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import urllib.request
 import pytest
 from playwright.sync_api import Page
 
+from backends.base import ChatMessage, GenerationParams
+from config import BackendConfig
+from tests.controls import config_reaches_the_cap
 from tests.fixtures_app import AppServer, backend_env, run_coroutine
 from tests.fixtures_vllm import held_vllm
 from tests.test_browser import SNAPSHOT_JS, new_reply_id, number, send, switch_backend, watch_reply
@@ -34,13 +40,12 @@ from tests.test_vllm_backend import engine_state
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-MAX_NEW_TOKENS = 1024
-# Greedy, the bundled model writes past 1024 tokens for this (measured on llama.cpp): the cap is
-# what would end it, so a reply Stop did not end generates exactly MAX_NEW_TOKENS.
+MAX_NEW_TOKENS = 512
 LONG_PROMPT = "Write a very long story about a dragon and a knight."
 # Stop is pressed a few words in; the engine runs on for the time the click takes to reach it
 # (a second or two on a loaded machine; on a fast one that is many more tokens), so the bound is
-# "ended before the cap", not a token count that a faster engine would pass.
+# "ended before the cap", not a token count that a faster engine would pass. The control run
+# (runs_to_the_cap) shows the cap is what would end the reply otherwise.
 BELOW_THE_CAP = MAX_NEW_TOKENS
 ENGINE_STOP_TIMEOUT_S = 10.0
 TGI_BACKENDS = {"messages": ("tgi_chat", "TGI Messages API", "/v1/chat/completions"),
@@ -50,6 +55,13 @@ TGI_BACKENDS = {"messages": ("tgi_chat", "TGI Messages API", "/v1/chat/completio
 def common_env() -> dict[str, str]:
     return {"DEFAULT_MAX_NEW_TOKENS": str(MAX_NEW_TOKENS), "DEFAULT_TEMPERATURE": "0",
             "DEFAULT_SYSTEM_PROMPT": "none"}
+
+
+def runs_to_the_cap(config: BackendConfig) -> None:
+    """Control run: the request the app sends for LONG_PROMPT (greedy, no system prompt, the
+    app's default top-p), straight to the engine without Stop, is ended by the cap."""
+    run_coroutine(config_reaches_the_cap(config, [ChatMessage("user", LONG_PROMPT)],
+                                         GenerationParams(temperature=0.0, top_p=0.95, max_new_tokens=MAX_NEW_TOKENS)))
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +133,7 @@ def shown_tokens(final: dict) -> float:
 
 
 def test_stop_ends_the_embedded_generation(page: Page, stop_app: AppServer):
+    runs_to_the_cap(BackendConfig(name="llama_cpp", kind="llamacpp", label="llama.cpp (embedded)"))
     open_chat(page, stop_app)
     before = embedded_counts(stop_app)
     assert before["generating"] == 0, before
@@ -140,6 +153,7 @@ def test_stop_ends_the_embedded_generation(page: Page, stop_app: AppServer):
 @pytest.mark.vllm
 def test_stop_ends_the_request_on_the_real_vllm_server(page: Page, vllm_stop_app: AppServer, vllm_base_url):
     root = vllm_base_url.removesuffix("/v1")
+    runs_to_the_cap(BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=vllm_base_url))
     open_chat(page, vllm_stop_app)
     before = engine_state(root)
     assert before.running_requests == 0, before
@@ -161,6 +175,7 @@ def test_stop_ends_the_request_on_the_real_vllm_server(page: Page, vllm_stop_app
 @pytest.mark.parametrize("route", list(TGI_BACKENDS))
 def test_stop_cancels_the_generation_on_the_tgi_server(page: Page, stop_app: AppServer, tgi_server, route):
     name, label, path = TGI_BACKENDS[route]
+    runs_to_the_cap(BackendConfig(name=name, kind="tgi", label=label, base_url=tgi_server.url, tgi_route=route))
     generations_before = len(run_coroutine(tgi_server.generations()))
     violations_before = len(run_coroutine(tgi_server.violations()))
     open_chat(page, stop_app)

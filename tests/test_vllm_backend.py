@@ -19,6 +19,7 @@ from backends.errors import BackendUnavailable, InputRejected
 from backends.openai_compat import OpenAICompatBackend, server_root
 from config import BackendConfig
 from scripts.vllm_launch import BUNDLED_MODEL_NAME
+from tests.controls import reaches_the_cap
 from tests.servers import free_port
 from tests.streams import prepared_stream
 from timing import RequestRecord, TimedStream
@@ -26,6 +27,8 @@ from timing import RequestRecord, TimedStream
 # A prompt this model answers at length, so `max_new_tokens` is what ends the reply.
 COUNTING_PROMPT = [ChatMessage("user", "Count from 1 to 100, separated by commas.")]
 GREEDY = dict(temperature=0.0, top_p=1.0, seed=7)
+LONG_STORY = [ChatMessage("user", "Write a very long story about a dragon and a knight.")]
+ABORT_CAP = 300
 
 
 def vllm_backend(base_url: str, **overrides) -> OpenAICompatBackend:
@@ -134,8 +137,10 @@ async def test_unreachable_server_names_its_url_and_how_to_start_it():
 @pytest.mark.vllm
 async def test_closing_the_stream_aborts_the_request_on_the_server(vllm):
     root = server_root(vllm.url)
+    params = GenerationParams(max_new_tokens=ABORT_CAP, **GREEDY)
+    await reaches_the_cap(vllm, LONG_STORY, params)  # left alone, this request ends at the cap
     generated_before = metric_value(root, "vllm:generation_tokens_total")
-    stream = prepared_stream(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=1000, **GREEDY))
+    stream = prepared_stream(vllm, LONG_STORY, params)
     texts = []
     async for chunk in stream:
         if chunk.text:
@@ -151,10 +156,10 @@ async def test_closing_the_stream_aborts_the_request_on_the_server(vllm):
         assert time.monotonic() - closed_at < 15, "vLLM kept generating after the client closed"
         await asyncio.sleep(0.1)
     generated = await asyncio.to_thread(metric_value, root, "vllm:generation_tokens_total") - generated_before
-    # Greedy, this prompt counts on past the 1000-token cap, so a request that was not aborted ends
-    # at exactly 1000. How far below depends on the machine's speed (a few dozen here, more on a GPU
-    # in the moment the close takes), so the cap is the bound.
-    assert 3 <= generated < 1000
+    # The control run showed that a request that was not aborted ends at exactly the cap. How far
+    # below it depends on the machine's speed (a few dozen here, more on a GPU in the moment the
+    # close takes), so the cap is the bound.
+    assert 3 <= generated < ABORT_CAP
 
 
 @pytest.mark.vllm
