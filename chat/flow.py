@@ -29,13 +29,14 @@ from chat.history import fit_to_context
 from chat.i18n import text
 from chat.settings import SessionSettings, load_presets
 from config import ChatDefaults, backend_names, load_env
-from store import Store, StoredReply, StoreError
+from store import SavedLater, Store, StoredReply, StoreError
 from store.records import utc_now
 from timing import RequestRecord, TimedStream
 
 log = logging.getLogger(__name__)
 
 INFO_CACHE_S = 30.0
+STORAGE_RETRY_S = 30.0  # a database that could not be opened is tried again after this long
 STATUS_TIMEOUT_S = 4.0
 ENGINE_STATE_TIMEOUT_S = 1.0
 
@@ -64,6 +65,7 @@ class AppState:
     _store: Store | None = None
     storage_problem: str | None = None
     _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _storage_failed_at: float = 0.0
     # One load run at a time in the whole app - a simulation of N users or a /bench - so a classroom
     # cannot multiply the load. The running one's task is kept here until it ends (asyncio itself
     # keeps only a weak reference to a task), with the notice that refuses another meanwhile.
@@ -96,30 +98,38 @@ class AppState:
 
     async def storage(self) -> Store | None:
         """The database (opened and migrated once per process), or None with `storage_problem`
-        saying why: the chat keeps working without it, it only cannot keep replies and votes."""
+        saying why: the chat keeps working without it, it only cannot keep replies and votes.
+        A database that could not be opened is tried again after STORAGE_RETRY_S."""
         async with self._store_lock:
-            if self._store is None and self.storage_problem is None:
+            retry = (self.storage_problem is not None
+                     and time.monotonic() - self._storage_failed_at >= STORAGE_RETRY_S)
+            if self._store is None and (self.storage_problem is None or retry):
                 try:
                     store = await Store.open(self.database_url)
                     await store.migrate()
                 except StoreError as error:
                     self.storage_problem = str(error)
+                    self._storage_failed_at = time.monotonic()
                     log.error("storage unavailable: %s", error)
                 else:
-                    self._store = store
+                    self._store, self.storage_problem = store, None
             return self._store
 
-    async def save_reply(self, reply: StoredReply) -> bool:
-        """Store one reply; False (and logged) when the database is unavailable."""
+    async def save_reply(self, reply: StoredReply) -> Notice | None:
+        """Store one reply; None when it is in the database, else what the person should be told:
+        kept to be written later (the database is unavailable), or not kept, and why."""
         store = await self.storage()
         if store is None:
-            return False
+            return Notice("not_saved", {"problem": self.storage_problem or "no database"})
         try:
             await store.save_reply(reply)
+        except SavedLater as later:
+            log.warning("reply %s waits in the outbox: %s", reply.id, later.problem)
+            return Notice("saved_later", {"waiting": later.waiting})
         except StoreError as error:
             log.error("could not store reply %s: %s", reply.id, error)
-            return False
-        return True
+            return Notice("not_saved", {"problem": str(error)})
+        return None
 
     async def statuses(self, fresh: bool = False) -> dict[str, BackendStatus]:
         """Every configured backend's status, probed concurrently, in configuration order

@@ -1,6 +1,7 @@
 """What the running app holds, for operators and the classroom load test: GET /lab/state.
 
-Counts only, nothing about anyone's chats: sessions Chainlit keeps (connected,
+Counts only, nothing about anyone's chats: rows waiting for an unavailable
+database (the outbox), sessions Chainlit keeps (connected,
 and disconnected ones it keeps for `session_timeout` so a tab can reconnect),
 threads, asyncio tasks, TCP connections (from clients, and to backends), open
 files, memory, and each embedded model's own counts (generating, waiting,
@@ -27,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from backends.llamacpp import shared_models
+from store.outbox import all_outboxes
 
 STARTED_AT = time.monotonic()
 
@@ -124,6 +126,19 @@ def process_state() -> dict:
         "rss_mb": round(process.memory_info().rss / 2**20, 1),
         "session_timeout_s": config.project.session_timeout,
         "embedded_models": embedded_models_state(),
+        # Rows waiting for an unavailable database (store/outbox.py): how many, the bound, why.
+        "outbox": outbox_state(),
+    }
+
+
+def outbox_state() -> dict:
+    """The database outbox of this process: rows waiting to be written (0 while the database answers)."""
+    states = [outbox.state() for outbox in all_outboxes()]
+    return {
+        "waiting": sum(state.waiting for state in states),
+        "max_rows": max((state.max_rows for state in states), default=None),
+        "set_aside": sum(state.failed for state in states),
+        "problem": next((state.problem for state in states if state.problem), None),
     }
 
 

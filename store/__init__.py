@@ -11,7 +11,9 @@ from store.db import Store
 from store.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    NotSaved,
     RoundNotFound,
+    SavedLater,
     SchemaTooNew,
     StoreError,
     VoteRejected,
@@ -22,6 +24,6 @@ from store.urls import database_url, mask_password, normalise_url
 
 __all__ = [
     "SCHEMA_VERSION", "CompareRound", "ConfigurationError", "DatabaseUnavailable", "RoundColumn",
-    "RoundNotFound", "SchemaTooNew", "Store", "StoreError", "StoredReply", "Vote", "VoteRecord",
+    "NotSaved", "RoundNotFound", "SavedLater", "SchemaTooNew", "Store", "StoreError", "StoredReply", "Vote", "VoteRecord",
     "VoteRejected", "check_vote", "database_url", "mask_password", "normalise_url",
 ]

@@ -8,6 +8,12 @@ Registering it with `@cl.data_layer` matters: without it, Chainlit sees
 `DATABASE_URL` and starts its own PostgreSQL-only data layer, which expects a
 different schema. The tables come from `Store.migrate()` (or `python -m store init`).
 
+History is as safe from database faults as the app's own rows: every write
+Chainlit's layer makes goes through `execute_sql`, and one the database cannot
+take now waits in the outbox (store/outbox.py), in order with the app's rows,
+until it answers again. Errors are logged by their driver's message only,
+never with the SQL or the row's values.
+
 The one module of this package that imports Chainlit.
 """
 
@@ -20,9 +26,18 @@ from typing import Any
 from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
 from chainlit.data.utils import queue_until_user_message
 from chainlit.data.storage_clients.base import BaseStorageClient
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import sessionmaker
 
-from store.db import configure_engine
+from store.db import create_engine, safe_message, unavailable_reason
+from store.errors import NotSaved
+from store.outbox import Outbox, outbox_for
 from store.urls import database_url, normalise_url
+
+log = logging.getLogger(__name__)
+WRITE_VERBS = ("INSERT", "UPDATE", "DELETE")
 
 # Columns Chainlit reads back as JSON documents or lists, under the names its queries give them.
 _JSON_RESULT_KEYS = frozenset({
@@ -55,16 +70,43 @@ class AppDataLayer(SQLAlchemyDataLayer):
     metadata, which PostgreSQL's JSONB refuses (favorites are off by default).
     """
 
+    outbox: Outbox | None = None
+
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         on_sqlite = self.engine.dialect.name == "sqlite"
         parameters = {
             key: json.dumps(value) if isinstance(value, dict) or (on_sqlite and isinstance(value, list)) else value
             for key, value in parameters.items()
         }
-        result = await super().execute_sql(query, parameters)
-        if on_sqlite and isinstance(result, list):
-            return [_decode_sqlite_row(row) for row in result]
-        return result
+        writing = query.lstrip().split(None, 1)[0].upper() in WRITE_VERBS
+        if writing and self.outbox is not None and self.outbox.waiting:
+            return self._keep(query, parameters, self.outbox.problem or "earlier rows still wait")
+        try:
+            async with self.async_session() as session:
+                async with session.begin():
+                    result = await session.execute(text(query), parameters)
+                    rows = [dict(row._mapping) for row in result.fetchall()] if result.returns_rows else None
+        except (SQLAlchemyError, OSError, TimeoutError) as error:
+            reason = unavailable_reason(error)
+            if reason is not None and writing and self.outbox is not None:
+                return self._keep(query, parameters, reason)
+            # Chainlit's own layer logs and returns None too; here without the SQL or the values.
+            log.warning("chat history: a %s failed: %s", query.lstrip().split(None, 1)[0].upper(), safe_message(error))
+            return None
+        if rows is None:
+            return result.rowcount
+        cleaned = self.clean_result(rows)
+        return [_decode_sqlite_row(row) for row in cleaned] if on_sqlite else cleaned
+
+    def _keep(self, query: str, parameters: dict, problem: str) -> None:
+        """A history write the database cannot take now: it waits in the outbox, in order."""
+        try:
+            waiting = self.outbox.put({"sql": query, "parameters": parameters}, problem)
+        except NotSaved as lost:
+            log.error("chat history: a write is lost: %s", lost)
+            return None
+        log.warning("chat history: the database is unavailable (%s); %d row(s) wait to be written", problem, waiting)
+        return None
 
     @queue_until_user_message()
     async def create_element(self, element) -> None:
@@ -107,7 +149,10 @@ def chainlit_data_layer(url: str | None = None, *,
     """Chainlit's data layer on `url` (default: `DATABASE_URL`, else the SQLite file), ready for each database.
 
     Without a `storage_provider` Chainlit keeps no files; messages, threads,
-    feedback and custom elements (their props) are stored.
+    feedback and custom elements (their props) are stored. Its engine is made
+    like the app's (`store.db.create_engine`: parameters hidden, a vanished
+    SQLite file never re-created, a restarted PostgreSQL reconnected to), and
+    its writes share the app's outbox.
     """
     url = normalise_url(url) if url else database_url()
     # Its "elements will not be persisted" warning is not true of this layer (custom elements are).
@@ -118,5 +163,8 @@ def chainlit_data_layer(url: str | None = None, *,
         layer = AppDataLayer(conninfo=url, storage_provider=storage_provider)
     finally:
         chainlit_logger.removeFilter(quiet)
-    configure_engine(layer.engine)
+    # Its own engine (made from the bare URL) is replaced before it ever connects.
+    layer.engine = create_engine(url)
+    layer.async_session = sessionmaker(bind=layer.engine, expire_on_commit=False, class_=AsyncSession)
+    layer.outbox = outbox_for(url)
     return layer

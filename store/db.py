@@ -11,46 +11,79 @@ Nothing here imports Chainlit.
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
+from contextlib import asynccontextmanager
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+from urllib.parse import quote
 
 from sqlalchemy import event, func, insert, inspect, select, text, update
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn
 
 from store import schema
-from store.errors import DatabaseUnavailable, RoundNotFound, SchemaTooNew, StoreError, VoteRejected
+from store.errors import (DatabaseUnavailable, RoundNotFound, SavedLater, SchemaTooNew, StoreError,
+                          VoteRejected)
+from store.outbox import Outbox, Unavailable, outbox_for
 from store.records import CompareRound, RoundColumn, StoredReply, Vote, VoteRecord, check_vote, utc_now
 from store.urls import database_url, mask_password, normalise_url
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+POSTGRES_CONNECT_TIMEOUT_S = 5.0
 # Any constant works; it only has to be the same for every process migrating this database.
 _POSTGRES_MIGRATION_LOCK = 7_311_999
+_REASON_CHARS = 160
 
 
-def create_engine(url: str, *, immediate_transactions: bool = False) -> AsyncEngine:
-    """An async engine for a normalised URL, set up by `configure_engine`."""
-    engine = create_async_engine(url)
+# ---------------------------------------------------------------- engines
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None for another database)."""
+    parsed = make_url(url)
+    return Path(parsed.database) if parsed.get_backend_name() == "sqlite" else None
+
+
+def create_engine(url: str, *, immediate_transactions: bool = False, create_file: bool = False) -> AsyncEngine:
+    """An async engine for a normalised URL, made so that a fault cannot lose or leak a row.
+
+    - Parameters are hidden from every error message (`hide_parameters`): no row's values in a
+      message, a log line or (through an error) a browser.
+    - SQLite: a connection per transaction (NullPool) that opens the file read-write but never
+      creates it (`mode=rw`; `create_file` only where the tables are made: start-up, `python -m
+      store init`), so a file that disappeared under the app is an error, not a new empty database
+      or writes into the deleted file's ghost, and a file that became unwritable fails at once.
+    - PostgreSQL: a pooled connection is tested before use (`pool_pre_ping`), so a restarted
+      server is reconnected to, and connecting gives up after a few seconds.
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        if create_file:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "rwc" if create_file else "rw"
+        engine = create_async_engine(f"sqlite+aiosqlite:///file:{quote(str(path))}?mode={mode}&uri=true",
+                                     hide_parameters=True, poolclass=NullPool)
+    else:
+        engine = create_async_engine(url, hide_parameters=True, pool_pre_ping=True,
+                                     connect_args={"timeout": POSTGRES_CONNECT_TIMEOUT_S})
     configure_engine(engine, immediate_transactions=immediate_transactions)
     return engine
 
 
 def configure_engine(engine: AsyncEngine, *, immediate_transactions: bool = False) -> None:
-    """Set up a not yet connected engine; on SQLite, for two engines (app and Chainlit) sharing one file.
-
-    On SQLite: the folder is created, foreign keys are enforced (as on PostgreSQL), WAL lets
-    readers run beside the writer, a busy timeout replaces instant "database is locked", and with
-    `immediate_transactions` every transaction takes the write lock at BEGIN, so a
-    check-then-insert (one vote per round) cannot interleave with another.
-    """
+    """On SQLite, for two engines (app and Chainlit) sharing one file: foreign keys are enforced
+    (as on PostgreSQL), WAL lets readers run beside the writer, a busy timeout replaces instant
+    "database is locked", and with `immediate_transactions` every transaction takes the write lock
+    at BEGIN, so a check-then-insert (one vote per round) cannot interleave with another."""
     if engine.dialect.name != "sqlite":
         return
-    Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
 
     @event.listens_for(engine.sync_engine, "connect")
     def _configure_sqlite(dbapi_connection, _record) -> None:
@@ -68,30 +101,126 @@ def configure_engine(engine: AsyncEngine, *, immediate_transactions: bool = Fals
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-class Store:
-    """The app's storage on one database (SQLite file or PostgreSQL)."""
+# ---------------------------------------------------------------- faults at the edge
 
-    def __init__(self, engine: AsyncEngine, url: str) -> None:
+
+def unavailable_reason(error: BaseException) -> str | None:
+    """Why the database did not answer, in words safe to show anyone (the driver's first line, never
+    SQL or values), or None when `error` is not about the database being unavailable."""
+    if isinstance(error, (OperationalError, InterfaceError)):
+        return safe_message(error)
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return safe_message(error)
+    if isinstance(error, (DisconnectionError, PoolTimeout)):
+        return safe_message(error)
+    if isinstance(error, (OSError, asyncio.TimeoutError)):  # refused, unreachable, timed out connecting
+        return f"{type(error).__name__}: {error.strerror or error}" if isinstance(error, OSError) else "timed out"
+    return None
+
+
+def safe_message(error: BaseException) -> str:
+    """The driver's own message, first line only: SQLAlchemy's text would add the statement."""
+    original = getattr(error, "orig", None) or error
+    first = (str(original).strip().splitlines() or [type(original).__name__])[0]
+    return first[:_REASON_CHARS]
+
+
+@asynccontextmanager
+async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """`engine.begin()`, with an unavailable database raised as `DatabaseUnavailable` (a safe message)."""
+    try:
+        async with engine.begin() as connection:
+            yield connection
+    except StoreError:
+        raise
+    except (SQLAlchemyError, OSError, asyncio.TimeoutError) as error:
+        reason = unavailable_reason(error)
+        if reason is None:
+            raise
+        raise DatabaseUnavailable(f"the database is unavailable ({reason})") from error
+
+
+# ---------------------------------------------------------------- writes as data (what the outbox keeps)
+
+
+def insert_row(table: str, values: dict[str, Any]) -> dict:
+    return {"table": table, "insert": values}
+
+
+def update_rows(table: str, where: dict[str, Any], values: dict[str, Any]) -> dict:
+    return {"table": table, "where": where, "update": values}
+
+
+async def run_statements(connection: AsyncConnection, statements: Iterable[dict]) -> list[int]:
+    """Execute table statements (`insert_row`, `update_rows`) in order; the rows each touched."""
+    counts = []
+    for statement in statements:
+        table = schema.metadata.tables[statement["table"]]
+        if "insert" in statement:
+            result = await connection.execute(insert(table).values(**statement["insert"]))
+        else:
+            conditions = [table.c[column] == value for column, value in statement["where"].items()]
+            result = await connection.execute(update(table).where(*conditions).values(**statement["update"]))
+        counts.append(result.rowcount)
+    return counts
+
+
+async def replay(engine: AsyncEngine, entry: dict) -> None:
+    """Write one outbox entry: the app's table statements, or one of Chainlit's SQL statements."""
+    try:
+        async with transaction(engine) as connection:
+            if "statements" in entry:
+                await run_statements(connection, entry["statements"])
+            else:
+                await connection.execute(text(entry["sql"]), entry["parameters"])
+    except DatabaseUnavailable as unavailable:
+        raise Unavailable(str(unavailable)) from None
+
+
+class Store:
+    """The app's storage on one database (SQLite file or PostgreSQL).
+
+    Reads raise `DatabaseUnavailable` when the database does not answer. Writes
+    of replies and rounds are never lost to a fault: a write the database
+    cannot take now waits in the outbox (`store.outbox`) and `SavedLater` says
+    so; a vote is refused instead (it is checked against its round).
+    """
+
+    def __init__(self, engine: AsyncEngine, url: str, outbox: Outbox | None = None) -> None:
         """Prefer `await Store.open(url)`, which checks the connection."""
         self._engine = engine
         self.url = url
+        self.outbox = outbox
 
     @classmethod
-    async def open(cls, url: str | None = None) -> "Store":
-        """Connect to `url` (default: `DATABASE_URL`, else the SQLite file); raise `DatabaseUnavailable` if that fails."""
+    async def open(cls, url: str | None = None, *, create: bool = True, flush_outbox: bool = True) -> "Store":
+        """Connect to `url` (default: `DATABASE_URL`, else the SQLite file); raise `DatabaseUnavailable`
+        if that fails. `create`: a missing SQLite file is made (to be migrated); the running app's
+        writes never make one (see `create_engine`). `flush_outbox`: write the rows that wait in the
+        outbox in the background from now on (the app's store; not a one-off migration)."""
         url = normalise_url(url) if url else database_url()
         store: Store | None = None
         try:
-            store = cls(create_engine(url, immediate_transactions=True), url)
+            if create and sqlite_path(url) is not None:
+                bootstrap = create_engine(url, create_file=True)
+                try:
+                    async with bootstrap.begin() as connection:
+                        await connection.execute(text("SELECT 1"))
+                finally:
+                    await bootstrap.dispose()
+            store = cls(create_engine(url, immediate_transactions=True), url, outbox_for(url))
             async with store._engine.connect() as connection:
                 await connection.execute(text("SELECT 1"))
         except (DBAPIError, OSError) as error:  # OSError: refused connection, or no folder for the SQLite file
             if store is not None:
                 await store.aclose()
             raise DatabaseUnavailable(
-                f"Cannot open the database at {mask_password(url)}: {error}. "
+                f"Cannot open the database at {mask_password(url)}: {safe_message(error)}. "
                 "Check DATABASE_URL in .env (and that the PostgreSQL server is running, if it is one)."
             ) from error
+        if flush_outbox:
+            engine = store._engine
+            store.outbox.start(lambda entry: replay(engine, entry), owner=engine)
         return store
 
     @property
@@ -100,7 +229,10 @@ class Store:
         return mask_password(self.url)
 
     async def aclose(self) -> None:
-        """Close every connection; the Store cannot be used afterwards."""
+        """Close every connection; the Store cannot be used afterwards (rows waiting in the outbox
+        stay there, for the next Store on this database)."""
+        if self.outbox is not None:
+            await self.outbox.stop(self._engine)
         await self._engine.dispose()
 
     async def __aenter__(self) -> "Store":
@@ -109,6 +241,30 @@ class Store:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
+    def _transaction(self):
+        return transaction(self._engine)
+
+    async def _write(self, statements: list[dict],
+                     check: Callable[[AsyncConnection, list[int]], Awaitable[None]] | None = None) -> None:
+        """Write `statements` in one transaction; when the database is unavailable (or earlier rows
+        still wait, to keep their order) keep them in the outbox and raise `SavedLater`."""
+        outbox = self.outbox
+        if outbox is not None and outbox.waiting:
+            self._keep(statements, outbox.problem or "earlier rows still wait to be written")
+        try:
+            async with self._transaction() as connection:
+                counts = await run_statements(connection, statements)
+                if check is not None:
+                    await check(connection, counts)
+        except DatabaseUnavailable as unavailable:
+            if outbox is None:
+                raise
+            self._keep(statements, str(unavailable).removeprefix("the database is unavailable "))
+
+    def _keep(self, statements: list[dict], problem: str) -> None:
+        waiting = self.outbox.put({"statements": statements}, problem)
+        raise SavedLater(problem.strip("()"), waiting)
+
     # --- schema ----------------------------------------------------------
 
     async def migrate(self) -> int:
@@ -116,19 +272,19 @@ class Store:
 
         Safe to run at every start and from several processes at once.
         """
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             if connection.dialect.name == "postgresql":
                 await connection.execute(text(f"SELECT pg_advisory_xact_lock({_POSTGRES_MIGRATION_LOCK})"))
             return await connection.run_sync(_migrate)
 
     async def schema_version(self) -> int | None:
         """The version recorded by `migrate()`, or None if the database was never migrated."""
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             return await connection.run_sync(_recorded_version)
 
     async def row_counts(self) -> dict[str, int]:
         """Rows per table, for the tables that exist."""
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             present = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
             return {
                 table.name: await connection.scalar(select(func.count()).select_from(table))
@@ -139,15 +295,15 @@ class Store:
     # --- replies ---------------------------------------------------------
 
     async def save_reply(self, reply: StoredReply) -> None:
-        """Store a finished reply (its id is the Chainlit message id; saving it twice is an error)."""
-        async with self._engine.begin() as connection:
-            await connection.execute(insert(schema.replies).values(**asdict(reply)))
+        """Store a finished reply (its id is the Chainlit message id; saving it twice is an error).
+        Raises `SavedLater` when the database is unavailable: the row waits in the outbox."""
+        await self._write([insert_row("replies", asdict(reply))])
 
     async def replies_for_thread(self, thread_id: str) -> list[StoredReply]:
         """The replies of one chat, oldest first."""
         query = (select(schema.replies).where(schema.replies.c.thread_id == thread_id)
                  .order_by(schema.replies.c.created_at, schema.replies.c.id))
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             return [StoredReply(**row._mapping) for row in await connection.execute(query)]
 
     async def replies(self, limit: int = 100, backend: str | None = None,
@@ -158,56 +314,52 @@ class Store:
             query = query.where(schema.replies.c.backend == backend)
         if since is not None:
             query = query.where(schema.replies.c.created_at >= since)
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             return [StoredReply(**row._mapping) for row in await connection.execute(query)]
 
     # --- rounds ----------------------------------------------------------
 
     async def save_round(self, round_: CompareRound) -> None:
-        """Store a round and its columns (usually before the replies stream; see `set_round_reply`)."""
+        """Store a round and its columns (usually before the replies stream; see `set_round_reply`).
+        Raises `SavedLater` when the database is unavailable: the rows wait in the outbox."""
         round_row = asdict(round_)
         del round_row["columns"]
-        async with self._engine.begin() as connection:
-            await connection.execute(insert(schema.compare_rounds).values(**round_row))
-            await connection.execute(insert(schema.round_columns), [
-                {"round_id": round_.id, "position": position, **asdict(column)}
-                for position, column in enumerate(round_.columns)
-            ])
+        await self._write([insert_row("compare_rounds", round_row)] + [
+            insert_row("round_columns", {"round_id": round_.id, "position": position, **asdict(column)})
+            for position, column in enumerate(round_.columns)])
 
     async def set_round_reply(self, round_id: str, label: str, reply_id: str) -> None:
-        """Attach a saved reply to its column; raise `RoundNotFound` for an unknown round or label."""
-        async with self._engine.begin() as connection:
-            result = await connection.execute(
-                update(schema.round_columns)
-                .where(schema.round_columns.c.round_id == round_id, schema.round_columns.c.label == label)
-                .values(reply_id=reply_id)
-            )
-            if result.rowcount == 0:
+        """Attach a saved reply to its column; raise `RoundNotFound` for an unknown round or label
+        (`SavedLater` when the database is unavailable: the change waits in the outbox)."""
+        async def found(connection: AsyncConnection, counts: list[int]) -> None:
+            if counts[0] == 0:
                 round_ = await _load_round(connection, round_id)
                 if round_ is None:
                     raise RoundNotFound(f"Round {round_id} does not exist; save it before attaching replies.")
                 raise RoundNotFound(f"Round {round_id} has no column {label!r} (its columns: {', '.join(round_.labels)}).")
 
+        await self._write([update_rows("round_columns", {"round_id": round_id, "label": label},
+                                       {"reply_id": reply_id})], check=found)
+
     async def set_revealed_view(self, round_id: str, view: dict[str, Any]) -> None:
         """Keep what a round's element shows once voted on (for a blind round: its names, hidden
         until then), for a vote cast after the chat was reopened or the app restarted; raise
-        `RoundNotFound` for an unknown round."""
-        async with self._engine.begin() as connection:
-            result = await connection.execute(
-                update(schema.compare_rounds).where(schema.compare_rounds.c.id == round_id)
-                .values(revealed_view=view))
-            if result.rowcount == 0:
+        `RoundNotFound` for an unknown round (`SavedLater`: the change waits in the outbox)."""
+        async def found(connection: AsyncConnection, counts: list[int]) -> None:
+            if counts[0] == 0:
                 raise RoundNotFound(f"Round {round_id} does not exist; save it before keeping its revealed view.")
+
+        await self._write([update_rows("compare_rounds", {"id": round_id}, {"revealed_view": view})], check=found)
 
     async def revealed_view(self, round_id: str) -> dict[str, Any] | None:
         """What `set_revealed_view` kept for the round, or None."""
         query = select(schema.compare_rounds.c.revealed_view).where(schema.compare_rounds.c.id == round_id)
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             return await connection.scalar(query)
 
     async def get_round(self, round_id: str) -> CompareRound | None:
         """One round with its columns in order, or None."""
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             return await _load_round(connection, round_id)
 
     async def rounds(self, limit: int = 100, thread_id: str | None = None) -> list[CompareRound]:
@@ -216,17 +368,36 @@ class Store:
             schema.compare_rounds.c.created_at.desc(), schema.compare_rounds.c.id).limit(limit)
         if thread_id is not None:
             query = query.where(schema.compare_rounds.c.thread_id == thread_id)
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             round_rows = (await connection.execute(query)).all()
             columns = await _columns_by_round(connection, [row.id for row in round_rows])
         return [CompareRound(**row._mapping, columns=columns[row.id]) for row in round_rows]
 
+    async def unvoted_blind_rounds(self, thread_id: str) -> list[CompareRound]:
+        """The blind rounds of one chat that have no vote yet (their backends stay hidden), oldest first."""
+        voted = select(schema.votes.c.round_id)
+        query = (select(*_ROUND_FIELDS)
+                 .where(schema.compare_rounds.c.thread_id == thread_id, schema.compare_rounds.c.mode == "blind",
+                        schema.compare_rounds.c.id.not_in(voted))
+                 .order_by(schema.compare_rounds.c.created_at, schema.compare_rounds.c.id))
+        async with self._transaction() as connection:
+            rows = (await connection.execute(query)).all()
+            columns = await _columns_by_round(connection, [row.id for row in rows])
+        return [CompareRound(**row._mapping, columns=columns[row.id]) for row in rows]
+
     # --- votes -----------------------------------------------------------
 
     async def cast_vote(self, vote: Vote) -> None:
-        """Store a vote; raise `VoteRejected` for an unknown round, a second vote, or forged content."""
+        """Store a vote; raise `VoteRejected` for an unknown round, a second vote, or forged content.
+
+        A vote is checked against its round and the votes already cast, so it is never kept for
+        later: with the database unavailable (or rows still waiting to be written, the round among
+        them perhaps) it is refused with `DatabaseUnavailable`, and the person can vote again."""
+        if self.outbox is not None and self.outbox.waiting:
+            raise DatabaseUnavailable(f"the database is unavailable ({self.outbox.problem or 'rows wait'}); "
+                                      f"{self.outbox.waiting} row(s) wait to be written first")
         try:
-            async with self._engine.begin() as connection:
+            async with self._transaction() as connection:
                 round_ = await _load_round(connection, vote.round_id)
                 if round_ is None:
                     raise VoteRejected(f"Round {vote.round_id} does not exist, so it cannot be voted on.")
@@ -236,7 +407,7 @@ class Store:
                 await connection.execute(insert(schema.votes).values(**asdict(vote)))
         except IntegrityError:
             # Another cast passed the check above at the same moment; the unique constraint chose it.
-            async with self._engine.begin() as connection:
+            async with self._transaction() as connection:
                 if await _has_vote(connection, vote.round_id):
                     raise _already_voted(vote.round_id) from None
             raise
@@ -246,7 +417,7 @@ class Store:
         query = (select(schema.votes, schema.compare_rounds.c.mode)
                  .join(schema.compare_rounds, schema.compare_rounds.c.id == schema.votes.c.round_id)
                  .order_by(schema.votes.c.created_at, schema.votes.c.id))
-        async with self._engine.begin() as connection:
+        async with self._transaction() as connection:
             rows = (await connection.execute(query)).all()
             columns = await _columns_by_round(connection, [row.round_id for row in rows])
         return [
@@ -342,7 +513,7 @@ def migrate_blocking(url: str | None = None) -> int:
     outcome: dict[str, Any] = {}
 
     async def run() -> None:
-        async with await Store.open(url) as store:
+        async with await Store.open(url, flush_outbox=False) as store:
             outcome["version"] = await store.migrate()
 
     def work() -> None:

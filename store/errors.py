@@ -16,7 +16,22 @@ class ConfigurationError(StoreError):
 
 
 class DatabaseUnavailable(StoreError):
-    """The database cannot be reached or opened."""
+    """The database cannot be reached or opened (its message never holds SQL or row values)."""
+
+
+class SavedLater(StoreError):
+    """The database is unavailable: the row waits in the outbox (store/outbox.py) and is written,
+    in order, once the database answers again. `waiting` rows wait, this one included."""
+
+    def __init__(self, problem: str, waiting: int) -> None:
+        self.problem = problem
+        self.waiting = waiting
+        super().__init__(f"not saved yet: the database is unavailable ({problem}); kept, {waiting} row(s) wait "
+                         "to be written when it is back")
+
+
+class NotSaved(StoreError):
+    """The database is unavailable and the outbox is full: this row is not kept."""
 
 
 class SchemaTooNew(StoreError):

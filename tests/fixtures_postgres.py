@@ -72,38 +72,60 @@ def _stop(server: ServerProcess, timeout_s: float = 20.0) -> None:
         process.wait(timeout=10)
 
 
+class PostgresCluster:
+    """A throwaway cluster in a temp dir on a free loopback port, which can be stopped and started
+    again on the same port (what a test of a database outage needs)."""
+
+    def __init__(self) -> None:
+        self.bin_dir = postgres_bin_dir()
+        self.owner = _server_user_ids()
+        self.root = Path(tempfile.mkdtemp(prefix="serving-lab-pg-"))
+        self.port = free_port()
+        self.server: ServerProcess | None = None
+        password_file = self.root / "password"
+        password_file.write_text(POSTGRES_PASSWORD + "\n")
+        if self.owner is not None:
+            for path in (self.root, password_file):
+                os.chown(path, *self.owner)
+        subprocess.run(
+            _as_server_user([str(self.bin_dir / "initdb"), "-D", str(self.root / "data"), "-U", "postgres",
+                             "--pwfile", str(password_file), "--auth-local=trust", "--auth-host=scram-sha-256",
+                             "--encoding=UTF8", "--no-locale", "--no-sync"]),
+            cwd=self.root, check=True, capture_output=True,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> "PostgresCluster":
+        self.server = ServerProcess("postgres", _as_server_user([
+            str(self.bin_dir / "postgres"), "-D", str(self.root / "data"), "-h", "127.0.0.1", "-p", str(self.port),
+            "-k", str(self.root),  # the unix socket stays in the temp dir, nothing in /var/run
+            # A throwaway cluster: durability off, for speed.
+            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+        ]), cwd=self.root).start()
+        _wait_ready(self.server, self.bin_dir, self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            _stop(self.server)
+            self.server = None
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def postgres_url():
     """postgresql://postgres:PASSWORD@127.0.0.1:PORT/postgres on a cluster that lives for the test session."""
-    bin_dir = postgres_bin_dir()
-    owner = _server_user_ids()
-    root = Path(tempfile.mkdtemp(prefix="serving-lab-pg-"))
-    server: ServerProcess | None = None
+    cluster = PostgresCluster()
     try:
-        password_file = root / "password"
-        password_file.write_text(POSTGRES_PASSWORD + "\n")
-        if owner is not None:
-            for path in (root, password_file):
-                os.chown(path, *owner)
-        subprocess.run(
-            _as_server_user([str(bin_dir / "initdb"), "-D", str(root / "data"), "-U", "postgres",
-                             "--pwfile", str(password_file), "--auth-local=trust", "--auth-host=scram-sha-256",
-                             "--encoding=UTF8", "--no-locale", "--no-sync"]),
-            cwd=root, check=True, capture_output=True,
-        )
-        port = free_port()
-        server = ServerProcess("postgres", _as_server_user([
-            str(bin_dir / "postgres"), "-D", str(root / "data"), "-h", "127.0.0.1", "-p", str(port),
-            "-k", str(root),  # the unix socket stays in the temp dir, nothing in /var/run
-            # A throwaway cluster: durability off, for speed.
-            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-        ]), cwd=root).start()
-        _wait_ready(server, bin_dir, port)
-        yield f"postgresql://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{port}/postgres"
+        yield cluster.start().url
     finally:
-        if server is not None:
-            _stop(server)
-        shutil.rmtree(root, ignore_errors=True)
+        cluster.remove()
 
 
 def _wait_ready(server: ServerProcess, bin_dir: Path, port: int) -> None:
