@@ -57,9 +57,7 @@ async def on_message(message: cl.Message) -> None:
 
 async def answer(user_text: str) -> None:
     """A reply from the session's backend, or a round when compare or blind mode is on."""
-    prompts = cl.user_session.get("user_prompts") or []
-    prompts.append(user_text)
-    cl.user_session.set("user_prompts", prompts)
+    session.lab().user_prompts.append(user_text)
     try:
         if session.session_settings().mode == "chat":
             await session.reply(user_text)
@@ -70,6 +68,10 @@ async def answer(user_text: str) -> None:
 
 
 async def run_command(name: str) -> None:
+    wait = session.lab().disclosure.refusal(name)
+    if wait is not None:  # chat.disclosure: it could tie a blind round's column to its backend
+        await session.say(text(wait.key, session.lang(), **wait.values))
+        return
     if name == "leaderboard":
         await reports.show_leaderboard()
     elif name == "stats":
@@ -86,7 +88,7 @@ async def run_command(name: str) -> None:
 
 async def retry() -> None:
     """Resend the message that failed, to the backend(s) now selected. Stop works here too."""
-    pending = cl.user_session.get("pending")
+    pending = session.lab().pending
     if not pending:
         await session.say(text("retry_gone", session.lang()))
         return
@@ -98,7 +100,7 @@ async def retry() -> None:
     await cl.context.emitter.task_start()
     try:
         await cl.Message(content=pending, author="You", type="user_message").send()
-        prompts = cl.user_session.get("user_prompts") or []
+        prompts = session.lab().user_prompts
         if prompts and prompts[-1] == pending:
             prompts.pop()  # the failed attempt is replaced by this one
         await answer(pending)

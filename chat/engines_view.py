@@ -28,7 +28,7 @@ from bench.prompt_sets import load_prompt_set
 from chat.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props, take_snapshot
 from chat.flow import AppState, Notice, load_refusal
 from chat.i18n import text
-from chat.session import MetricsElement, app_state, current_user, lang, say, session_settings
+from chat.session import MetricsElement, app_state, current_user, lab, lang, say, screened, session_settings
 
 REFRESH_S = 1.0
 PANEL_OPEN_FOR_S = 600.0
@@ -49,7 +49,7 @@ class Panel:
 
 
 def _panel() -> Panel | None:
-    return cl.user_session.get("engine_panel")
+    return lab().engine_panel
 
 
 def chosen_backends() -> list[str]:
@@ -64,16 +64,16 @@ def _may_load(identifier: str | None) -> bool:
 async def open_panel() -> None:
     """Show the engines of this chat's backend(s), refreshed every second."""
     lang_code = lang()
-    if session_settings().mode == "blind":
+    if not lab().disclosure.panel_allowed(session_settings().mode):
         await say(text("panel_blind", lang_code))
         return
     old = _panel()
     if old is not None and old.task is not None:
         old.task.cancel()
     panel = Panel(MetricsElement(name="Metrics", props={}, display="inline"), chosen_backends())
-    cl.user_session.set("engine_panel", panel)
+    lab().engine_panel = panel
     await _refresh(panel)
-    await cl.Message(content=text("panel_title", lang_code), author="Engines", elements=[panel.element]).send()
+    await say(text("panel_title", lang_code), author="Engines", elements=[panel.element])
     panel.task = asyncio.create_task(_refresh_loop(panel))
 
 
@@ -83,7 +83,16 @@ async def close_panel() -> None:
     if panel is None or panel.task is None or panel.task.done():
         return
     panel.task.cancel()
-    panel.element.props = {**panel.element.props, "message": text("panel_closed", lang()), "closed": True}
+    await _show_closed(panel, text("panel_closed", lang()))
+
+
+async def _show_closed(panel: Panel, message: str, *, forget_engines: bool = False) -> None:
+    """The panel's last update: closed, with `message`; without any engine's figures when the
+    session turned blind (chat.disclosure: they would show which column is which)."""
+    props = {**panel.element.props, "message": message, "closed": True}
+    if forget_engines:
+        props.update(engines=[], simulation=None, points=[])
+    panel.element.props = props
     await panel.element.update()
 
 
@@ -100,13 +109,18 @@ async def _refresh(panel: Panel) -> None:
                                       can_simulate=_may_load(current_user()), message=panel.message,
                                       stand_ins=stand_ins)
     panel.previous = {reading.name: reading.snapshot for reading in readings if reading.snapshot is not None}
-    await panel.element.update()
+    if lab().disclosure.panel_allowed(session_settings().mode):  # it may have changed while reading
+        await panel.element.update()
 
 
 async def _refresh_loop(panel: Panel) -> None:
     closes_at = time.monotonic() + PANEL_OPEN_FOR_S
     while time.monotonic() < closes_at:
         await asyncio.sleep(REFRESH_S)
+        if not lab().disclosure.panel_allowed(session_settings().mode):
+            # The session switched to blind mode (or a blind round waits): not one more reading.
+            await _show_closed(panel, text("panel_blind", lang()), forget_engines=True)
+            return
         await _refresh(panel)
     panel.message = text("panel_timed_out", lang())
     await _refresh(panel)
@@ -212,8 +226,8 @@ async def _bench(state: AppState, names: list[str], lang_code: str) -> None:
         if now - last_update > 0.5 or done == total:
             last_update = now
             filled = round(20 * done / total)
-            progress.content = text("bench_progress", lang_code, done=done, total=total,
-                                    bar="▓" * filled + "░" * (20 - filled), stage=stage)
+            progress.content = screened(text("bench_progress", lang_code, done=done, total=total,
+                                             bar="▓" * filled + "░" * (20 - filled), stage=stage))
             asyncio.get_running_loop().create_task(progress.update())
 
     run = await run_benchmark(state.registry, names, load_prompt_set(CHAT_BENCH.prompt_set), CHAT_BENCH, report)
@@ -223,5 +237,5 @@ async def _bench(state: AppState, names: list[str], lang_code: str) -> None:
         figure.add_trace(go.Bar(name=f"{name} tokens/s", x=[f"{s.concurrency} concurrent" for s in engine.summaries],
                                 y=[round(s.output_throughput, 1) for s in engine.summaries]))
     figure.update_layout(yaxis_title="output tokens/s (all requests)", barmode="group", height=360, margin=dict(t=30))
-    await cl.Message(content=text("bench_title", lang_code) + "\n\n" + article_table(run), author="Benchmark",
-                     elements=[cl.Plotly(name="bench_chart", figure=figure, display="inline")]).send()
+    await say(text("bench_title", lang_code) + "\n\n" + article_table(run), author="Benchmark",
+              elements=[cl.Plotly(name="bench_chart", figure=figure, display="inline")])

@@ -25,12 +25,15 @@ MAX_PROMPTS = 100  # the user's prompts kept for /replay
 def bound_session() -> None:
     """After a reply: the session's history and threads, its prompts and Chainlit's list of its
     messages, bounded."""
-    history = cl.user_session.get("history")
+    state = cl.user_session.get("lab")
+    if state is None:
+        return
+    history = state.history
     if history:
         history[:] = bounded_history(history)
-    for thread in (cl.user_session.get("threads") or {}).values():  # each backend's, in rounds
+    for thread in state.threads.values():  # each backend's, in rounds
         thread[:] = bounded_history(thread)
-    prompts = cl.user_session.get("user_prompts")
+    prompts = state.user_prompts
     if prompts and len(prompts) > MAX_PROMPTS:
         del prompts[:-MAX_PROMPTS]
     session = cl.context.session

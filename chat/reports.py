@@ -20,7 +20,7 @@ from backends.base import ChatMessage
 from backends.errors import BackendError
 from chat.flow import Refusal, plan_reply, stored_reply
 from chat.i18n import text
-from chat.session import app_state, current_user, lang, say, session_settings
+from chat.session import app_state, current_user, lab, lang, say, screened, session_settings
 from compare.ratings import (
     Leaderboard,
     ReplyFigures,
@@ -93,7 +93,7 @@ async def show_leaderboard() -> None:
     if board.rated_rows:
         elements = [cl.Plotly(name="ratings", figure=leaderboard_figure(board), display="inline"),
                     cl.Plotly(name="win_matrix", figure=win_matrix_figure(board), display="inline")]
-    await cl.Message(content=content, author="Leaderboard", elements=elements).send()
+    await say(content, author="Leaderboard", elements=elements)
 
 
 # ---------------------------------------------------------------- this chat's figures
@@ -172,8 +172,8 @@ async def show_stats() -> None:
                 content=json.dumps([asdict(r) | {"created_at": r.created_at.isoformat()} for r in replies],
                                    ensure_ascii=False, indent=1).encode("utf-8")),
     ]
-    await cl.Message(content=text("stats_title", lang_code, count=len(rows)) + "\n\n" + stats_markdown(rows),
-                     author="Stats", elements=elements).send()
+    await say(text("stats_title", lang_code, count=len(rows)) + "\n\n" + stats_markdown(rows),
+              author="Stats", elements=elements)
 
 
 # ---------------------------------------------------------------- replay
@@ -200,7 +200,7 @@ async def replay_on_all_backends() -> None:
     """Re-run this chat's user prompts, turn by turn, on every chosen backend (each with its own
     thread), one backend after another; a progress line moves; the result is a table."""
     state, lang_code, settings = app_state(), lang(), session_settings()
-    prompts: list[str] = list(cl.user_session.get("user_prompts") or [])
+    prompts: list[str] = list(lab().user_prompts)
     if not prompts:
         await say(text("replay_empty", lang_code))
         return
@@ -241,11 +241,11 @@ async def replay_on_all_backends() -> None:
             conversation.extend([ChatMessage("user", prompt), ChatMessage("assistant", reply_text)])
             done += 1
             filled = round(20 * done / total)
-            progress.content = text("replay_progress", lang_code, done=done, total=total,
-                                    bar="▓" * filled + "░" * (20 - filled), backend=label)
+            progress.content = screened(text("replay_progress", lang_code, done=done, total=total,
+                                             bar="▓" * filled + "░" * (20 - filled), backend=label))
             await progress.update()
     content = text("replay_title", lang_code, prompts=len(prompts)) + "\n\n" + replay_markdown(results, failures)
     problems = [f"- {backend}: {reasons[0]}" for backend, reasons in failures.items()]
     if problems:
         content += "\n\n" + text("replay_failures", lang_code) + "\n" + "\n".join(problems)
-    await cl.Message(content=content, author="Replay").send()
+    await say(content, author="Replay")

@@ -5,9 +5,12 @@ order the person chose; in a blind round they are shuffled, and nothing that
 identifies a backend (name, model, figures, its own notes or error wording)
 goes into what the browser receives until the person has voted.
 
-`RoundRun` streams every column - all at once ("concurrent") or one after
+`RoundRun` prepares and streams every column - all at once ("concurrent":
+every column is prepared, then all requests leave together) or one after
 another ("sequential", so backends sharing a CPU or GPU do not slow each other
-down) - and hands the whole round to one `render` callback at most once per
+down; each column is prepared just before it runs, so its connection is fresh
+and its engine state is read when it starts, not before the earlier columns
+ran) - and hands the whole round to one `render` callback at most once per
 tick, so several fast columns cost one element update per tick. A column that
 fails, times out or is slow never holds up or breaks the others; Stop ends
 every column's request and each keeps its partial text.
@@ -39,6 +42,8 @@ TICK_S = 0.06  # one element update per tick for the whole round: the last token
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 ColumnState = Literal["waiting", "streaming", "completed", "stopped", "error"]
+# Prepares one column's reply (chat.flow.plan_reply for its backend): its plan, or why it cannot run.
+Planner = Callable[["Column"], Awaitable["ReplyPlan | Refusal"]]
 # How a person reads an error kind when the backend must stay unnamed (blind, before the vote).
 BLIND_ERROR_KEYS = {
     "unavailable": "blind_error_unavailable",
@@ -154,19 +159,22 @@ class Column:
 
 
 class RoundRun:
-    """Streams a round's columns and renders the whole round at most once per tick."""
+    """Prepares and streams a round's columns and renders the whole round at most once per tick."""
 
     def __init__(self, columns: Sequence[Column], order: str,
-                 render: Callable[[], Awaitable[None]], tick_s: float = TICK_S) -> None:
+                 render: Callable[[], Awaitable[None]], plan: Planner | None = None, tick_s: float = TICK_S) -> None:
+        """`plan` prepares a column that has neither a plan nor a refusal yet (None: every column
+        comes prepared)."""
         self.columns = list(columns)
         self.order = order
         self.render = render
+        self.plan = plan
         self.tick_s = tick_s
         self.stopped = False
         self._changed = asyncio.Event()
 
     async def run(self) -> None:
-        """Stream every column to its end, error or Stop (cancellation), then return.
+        """Prepare and stream every column to its end, error or Stop (cancellation), then return.
 
         A cancelled round (the person's Stop) does not raise: every column's
         request is closed and the partial texts and records stay.
@@ -184,16 +192,28 @@ class RoundRun:
             await asyncio.wait([renderer])
 
     async def _stream_all(self) -> None:
-        if self.order == "sequential":
-            for index, column in enumerate(self.columns):
-                try:
+        try:
+            if self.order == "sequential":
+                for column in self.columns:
+                    await self._prepare(column)  # just before it runs
                     await self._stream(column)
-                except asyncio.CancelledError:
-                    for later in self.columns[index:]:
-                        self._stop_unstarted(later)
-                    raise
+            else:
+                await run_together(self._prepare(column) for column in self.columns)
+                await run_together(self._stream(column) for column in self.columns)
+        except asyncio.CancelledError:
+            for column in self.columns:
+                self._stop_unstarted(column)
+            raise
+
+    async def _prepare(self, column: Column) -> None:
+        if column.plan is not None or column.refusal is not None or self.plan is None:
+            return
+        outcome = await self.plan(column)
+        if isinstance(outcome, Refusal):
+            column.refusal = outcome
         else:
-            await run_together(self._stream(column) for column in self.columns)
+            column.plan = outcome
+            column.backend_label = outcome.label
 
     def _stop_unstarted(self, column: Column) -> None:
         if column.state == "waiting":

@@ -15,8 +15,9 @@ from typing import Any
 
 import chainlit as cl
 
-from backends.base import ChatMessage
-from chat.flow import Refusal, ReplyPlan, plan_reply, stored_reply
+from backends.base import ChatMessage, display_label
+from chat.disclosure import identifying_words
+from chat.flow import Notice, Refusal, ReplyPlan, plan_reply, stored_reply
 from chat.i18n import text
 from chat.input import remove_control_characters
 from chat.session import (
@@ -25,16 +26,17 @@ from chat.session import (
     app_state,
     backend_threads,
     current_user,
+    lab,
     lang,
     refresh_backend_list,
+    retry_action,
     say,
-    session_dict,
     session_settings,
 )
 from compare.ratings import OUTCOMES
 from chat.rounds import (Column, RevealPace, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props,
                          run_order_for)
-from store import CompareRound, RoundColumn, StoreError, Vote
+from store import CompareRound, RoundColumn, SavedLater, StoreError, Vote
 from store.records import utc_now
 
 RECENT_ROUNDS = 20  # rounds per session whose element a vote can still reveal
@@ -62,7 +64,7 @@ class RoundView:
 
 
 def _rounds() -> dict[str, RoundView]:
-    return session_dict("rounds")
+    return lab().rounds
 
 
 async def compare_reply(user_text: str) -> None:
@@ -73,34 +75,34 @@ async def compare_reply(user_text: str) -> None:
     try:
         round_settings.check(state.registry.names)
     except RoundSettingsError as error:
-        cl.user_session.set("pending", user_text)
-        await say(text("round_not_possible", lang_code, reason=str(error)))
+        lab().pending = user_text
+        await say(text("round_not_possible", lang_code, reason=str(error)), actions=[retry_action(lang_code)])
         return
     threads = backend_threads()
-    chat_history = cl.user_session.get("history")
+    chat_history = lab().history
     for name in round_settings.backends:
         threads.setdefault(name, list(chat_history))
     assignment = assign_labels(round_settings.backends, round_settings.blind)
-    plans = await asyncio.gather(*(
-        plan_reply(state, settings.for_backend(name), threads[name], user_text) for _, name in assignment
-    ))
-    columns = []
-    for (label, name), plan in zip(assignment, plans):
-        backend = state.registry.get(name)
-        column = Column(label=label, backend=name,
-                        backend_label=plan.label if isinstance(plan, ReplyPlan) else backend.label)
-        if isinstance(plan, Refusal):
-            column.refusal = plan
-        else:
-            column.plan = plan
-        columns.append(column)
+    round_id = str(uuid.uuid4())
+    statuses = dict(zip(round_settings.backends,
+                        await asyncio.gather(*(state.status(name) for name in round_settings.backends))))
+    if round_settings.blind:  # before anything about the round leaves: see chat.disclosure
+        lab().disclosure.hide(round_id, set().union(*(_words(name, statuses[name]) for name in round_settings.backends)))
+    columns = [Column(label=label, backend=name, backend_label=_display_label(name, statuses[name]))
+               for label, name in assignment]
+
+    async def plan(column: Column) -> ReplyPlan | Refusal:
+        prepared = await plan_reply(state, settings.for_backend(column.backend), threads[column.backend], user_text)
+        if round_settings.blind and isinstance(prepared, ReplyPlan):
+            lab().disclosure.hide(round_id, {prepared.model, prepared.request.model, prepared.label})
+        return prepared
+
     order = run_order_for(round_settings, [state.registry.get(name) for name in round_settings.backends])
 
-    round_id = str(uuid.uuid4())
     element = MetricsElement(name="Metrics", props={}, display="inline")
     view = RoundView(round_id, columns, round_settings, order, element)
     element.props = view.props(lang_code)
-    await _save_round(round_id, user_text, view)
+    not_saved = [await _save_round(round_id, user_text, view)]
     message = cl.Message(content="", author=APP_AUTHOR, elements=[element])
     await message.send()
 
@@ -108,7 +110,7 @@ async def compare_reply(user_text: str) -> None:
         element.props = view.props(lang_code)
         await element.update()
 
-    await RoundRun(columns, order, render).run()
+    await RoundRun(columns, order, render, plan=plan).run()
     view.final = True
     element.props = view.props(lang_code)
     await element.update()
@@ -118,35 +120,59 @@ async def compare_reply(user_text: str) -> None:
         # Still votable from what the database kept; its element is remembered for the reveal.
         forgotten = recent.pop(old).element
         _round_elements()[old] = (forgotten.id, forgotten.for_id)
-    await _store_replies(view, user_text)
-    await _keep_revealed_view(view, lang_code)
+    not_saved += await _store_replies(view, user_text)
+    not_saved.append(await _keep_revealed_view(view, lang_code))
+    await _say_not_saved(not_saved)
     if not round_settings.blind:  # in a blind round, "vLLM unavailable" would name the failed column
         await refresh_backend_list([(column.backend, column.error) for column in columns])
     for column in columns:
         if column.plan is not None and column.text:
             threads[column.backend].extend([ChatMessage("user", user_text), ChatMessage("assistant", column.text)])
-    cl.user_session.set("pending", None)
+    lab().pending = None
 
 
-async def _save_round(round_id: str, user_text: str, view: RoundView) -> None:
+def _display_label(name: str, status) -> str:
+    """A backend's name where its numbers are shown (a stand-in says so)."""
+    backend = app_state().registry.get(name)
+    return display_label(backend.label, status.info.stand_in if status.info else None)
+
+
+def _words(name: str, status) -> set[str]:
+    """What would name this backend in a browser (chat.disclosure.identifying_words)."""
+    backend = app_state().registry.get(name)
+    return identifying_words(name=backend.name, label=backend.label, url=backend.url,
+                             model=status.info.model_id if status.info else "",
+                             display_label=_display_label(name, status))
+
+
+async def _stored(write) -> Notice | None:
+    """Run one of the store's writes; None when it is in the database, else what to tell the person."""
+    try:
+        await write
+    except SavedLater as later:
+        return Notice("saved_later", {"waiting": later.waiting})
+    except StoreError as error:
+        return Notice("not_saved", {"problem": str(error)})
+    return None
+
+
+async def _save_round(round_id: str, user_text: str, view: RoundView) -> Notice | None:
     store = await app_state().storage()
     if store is None:
-        return
+        return None  # the chat said at its start that nothing is kept
     compare_round = CompareRound(
         id=round_id, thread_id=cl.context.session.thread_id, user_identifier=current_user(),
         created_at=utc_now(), prompt=user_text, mode="blind" if view.settings.blind else "compare",
         run_order=view.run_order,
         columns=tuple(RoundColumn(label=c.label, backend=c.backend) for c in view.columns),
     )
-    try:
-        await store.save_round(compare_round)
-    except StoreError as error:
-        await say(text("storage_failed", lang(), problem=str(error)))
+    return await _stored(store.save_round(compare_round))
 
 
-async def _store_replies(view: RoundView, user_text: str) -> None:
+async def _store_replies(view: RoundView, user_text: str) -> list[Notice]:
     state = app_state()
     store = await state.storage()
+    notices = []
     for column in view.columns:
         if column.plan is None or column.record is None:
             continue
@@ -154,37 +180,62 @@ async def _store_replies(view: RoundView, user_text: str) -> None:
                              mode="blind" if view.settings.blind else "compare",
                              thread_id=cl.context.session.thread_id, user_identifier=current_user(),
                              round_id=view.round_id, column_label=column.label)
-        if await state.save_reply(reply) and store is not None:
-            try:
-                await store.set_round_reply(view.round_id, column.label, reply.id)
-            except StoreError as error:
-                await say(text("storage_failed", lang(), problem=str(error)))
+        notice = await state.save_reply(reply)
+        notices.append(notice)
+        if store is not None and (notice is None or notice.key == "saved_later"):
+            # Behind the reply in the outbox when that waits, so the two are written in order.
+            notices.append(await _stored(store.set_round_reply(view.round_id, column.label, reply.id)))
+    return [notice for notice in notices if notice is not None]
 
 
-async def _keep_revealed_view(view: RoundView, lang_code: str) -> None:
+async def _keep_revealed_view(view: RoundView, lang_code: str) -> Notice | None:
     """What the round shows once voted on, kept in the database (never sent before the vote), so
     that a vote cast after the chat was reopened or the app restarted can still reveal it."""
     store = await app_state().storage()
     if store is None:
-        return
-    try:
-        await store.set_revealed_view(view.round_id, view.props(lang_code, revealed=True))
-    except StoreError as error:
-        await say(text("storage_failed", lang(), problem=str(error)))
+        return None
+    return await _stored(store.set_revealed_view(view.round_id, view.props(lang_code, revealed=True)))
+
+
+async def _say_not_saved(notices: list[Notice | None]) -> None:
+    """One line about the round's rows that are not in the database (the latest, most waiting)."""
+    shown = [notice for notice in notices if notice is not None]
+    if shown:
+        await say(shown[-1].render(lang()))
 
 
 def _round_elements() -> dict[str, tuple[str, str | None]]:
     """Round id -> (element id, message id) for rounds of this chat not kept in memory."""
-    return session_dict("round_elements")
+    return lab().round_elements
 
 
 async def resume(thread: dict) -> None:
-    """A reopened chat: note which element shows each of its rounds, so a vote can update it."""
+    """A reopened chat: note which element shows each of its rounds, so a vote can update it, and
+    keep hiding the backends of its blind rounds that still wait for their vote (chat.disclosure)."""
     elements = _round_elements()
     for element in thread.get("elements") or []:
         props = element.get("props")
         if isinstance(props, dict) and props.get("kind") == "compare" and props.get("roundId"):
             elements[props["roundId"]] = (element["id"], element.get("forId"))
+    store = await app_state().storage()
+    if store is None or not thread.get("id"):
+        return
+    try:
+        waiting = await store.unvoted_blind_rounds(thread["id"])
+        replies = await store.replies_for_thread(thread["id"]) if waiting else []
+    except StoreError as error:
+        await say(text("storage_read_failed", lang(), problem=str(error)))
+        return
+    state = app_state()
+    for round_ in waiting:
+        words: set[str] = set()
+        for column in round_.columns:
+            if column.backend in state.registry.names:
+                words |= _words(column.backend, await state.status(column.backend))
+            words.add(column.backend)
+        words |= {word for reply in replies if reply.round_id == round_.id
+                  for word in (reply.model, reply.backend_label, reply.backend)}
+        lab().disclosure.hide(round_.id, words)
 
 
 def _parse_vote(payload: Any) -> Vote:
@@ -231,6 +282,7 @@ async def vote(payload: Any) -> dict:
     except StoreError as error:
         return await _vote_refused(str(error))
     view.vote = _vote_shown(ballot)
+    lab().disclosure.reveal(ballot.round_id)
     view.element.props = view.props(lang_code)
     await view.element.update()
     return await _vote_recorded(view.element.props, lang_code)
@@ -251,6 +303,7 @@ async def _vote_on_stored_round(store, ballot: Vote, lang_code: str) -> dict:
         await store.cast_vote(ballot)
     except StoreError as error:
         return await _vote_refused(str(error))
+    lab().disclosure.reveal(ballot.round_id)
     props = {**revealed, "revealed": True, "final": True, "vote": _vote_shown(ballot)}
     element_id, for_id = _round_elements().get(ballot.round_id, (None, None))
     if element_id and for_id:

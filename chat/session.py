@@ -9,9 +9,12 @@ a pending message to retry.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
 import re
 import time
+import uuid
 
 import chainlit as cl
 from chainlit.chat_context import chat_context
@@ -24,6 +27,7 @@ from chat.flow import AppState, Refusal, empty_reply_notice, plan_reply, server_
 from chat.history import Conversation, rebuild_conversation
 from chat.i18n import language_of, text
 from chat.input import check_message
+from chat.lab_session import LabSession
 from chat.live import LiveReply, initial_props
 from chat.memory import free_closed_sessions
 from chat.settings import SessionSettings, SettingsRejected, settings_widgets
@@ -31,6 +35,7 @@ from store import StoreError
 from timing import FINAL_STATES
 
 APP_AUTHOR = "Serving Lab"
+log = logging.getLogger(__name__)
 
 
 class MetricsElement(cl.CustomElement):
@@ -71,16 +76,28 @@ def app_state() -> AppState:
     return _state
 
 
+def start_up() -> None:
+    """At import of the app, before it serves: build the backends and let each pay its start-up
+    costs (the embedded engine's import and model load, Backend.start_up)."""
+    for backend in app_state().registry:
+        backend.start_up()
+
+
 def lang() -> str:
     return language_of(getattr(cl.context.session, "language", None))
 
 
+def lab() -> LabSession:
+    """This chat session's state (chat.lab_session)."""
+    return cl.user_session.get("lab")
+
+
 def session_settings() -> SessionSettings:
-    return cl.user_session.get("settings")
+    return lab().settings
 
 
 def _history() -> list[ChatMessage]:
-    return cl.user_session.get("history")
+    return lab().history
 
 
 def current_user() -> str | None:
@@ -89,14 +106,48 @@ def current_user() -> str | None:
     return user.identifier if user else None
 
 
-async def say(content: str, **kwargs) -> cl.Message:
-    """A message from the app itself (not a backend's reply)."""
-    message = cl.Message(content=content, author=APP_AUTHOR, **kwargs)
+def guarded(handler):
+    """A Chainlit handler whose unexpected errors go to the app's log, never to the browser.
+
+    Chainlit shows an exception that escapes a handler to the page, its text included; a
+    library's exception (a database driver's, say) can carry SQL, addresses or row values, and in a
+    blind round a backend's name. The error is logged whole (with a reference); the person gets a
+    short message with that reference and the chat goes on. Errors a person can act on
+    (BackendError, StoreError) are handled inside the handlers and never get here."""
+    @functools.wraps(handler)
+    async def run(*args, **kwargs):
+        try:
+            return await handler(*args, **kwargs)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged whole right here; only its text stays off the page
+            reference = uuid.uuid4().hex[:8]
+            log.exception("unexpected error in %s (reference %s)", handler.__name__, reference)
+            await say(text("internal_error", lang(), reference=reference))
+            return None
+
+    return run
+
+
+def screened(content: str) -> str:
+    """A text the app wrote, passed through the disclosure rule (chat.disclosure): while a blind
+    round waits for its vote, no name, model or address of its backends is in it."""
+    session = cl.user_session.get("lab")
+    return session.disclosure.screen(content) if session is not None else content
+
+
+async def say(content: str, *, author: str = APP_AUTHOR, **kwargs) -> cl.Message:
+    """A message from the app itself (not a backend's reply), screened (`screened`)."""
+    message = cl.Message(content=screened(content), author=author, **kwargs)
     await message.send()
     return message
 
 
 def _labels(statuses: dict[str, BackendStatus] | None, lang: str) -> dict[str, str]:
+    """Each backend's entry in the panel's list, marked unavailable where it is (unless a blind round
+    waits for its vote: a mark could name the column that failed)."""
+    if not lab().disclosure.health_shown():
+        statuses = None
     labels = {}
     for backend in app_state().registry:
         label = f"{backend.label} ({backend.name})"
@@ -111,7 +162,7 @@ async def _send_settings(statuses: dict[str, BackendStatus] | None = None) -> No
     state, lang_code = app_state(), lang()
     widgets = settings_widgets(session_settings(), state.defaults, _labels(statuses, lang_code), state.presets, lang_code)
     await cl.ChatSettings(widgets).send()
-    cl.user_session.set("shown_down", _down(statuses))
+    lab().shown_down = _down(statuses)
 
 
 def _down(statuses: dict[str, BackendStatus] | None) -> set[str]:
@@ -126,8 +177,10 @@ async def refresh_backend_list(failed: list[tuple[str, BackendError | None]] = (
     for name, error in failed:
         if server_may_be_down(error):
             await state.status(name, fresh=True)
+    if not lab().disclosure.health_shown():
+        return  # shown again once the blind round has its vote
     statuses = state.cached_statuses()
-    if _down(statuses) != (cl.user_session.get("shown_down") or set()):
+    if _down(statuses) != (lab().shown_down or set()):
         await _send_settings(statuses)
 
 
@@ -155,20 +208,13 @@ async def show_status() -> None:
 
 
 def _new_session(state: AppState, conversation: Conversation | None = None,
-                 prompts: list[str] | None = None) -> None:
-    """Every key the app keeps per session, fresh. A reopened chat's session comes back from
-    Chainlit with what it could save of the old one as JSON (objects as None, messages as
-    lists of None): nothing of that is used."""
-    conversation = conversation or Conversation()
-    cl.user_session.set("settings", SessionSettings.initial(state.defaults, state.presets, state.registry.names))
-    cl.user_session.set("history", conversation.history)
-    cl.user_session.set("threads", conversation.threads)
-    cl.user_session.set("user_prompts", prompts or [])
-    cl.user_session.set("pending", None)
-    cl.user_session.set("shown_down", None)
-    cl.user_session.set("rounds", {})
-    cl.user_session.set("round_elements", {})
-    cl.user_session.set("engine_panel", None)
+                 prompts: list[str] | None = None) -> LabSession:
+    """This session's state, fresh. A reopened chat's session comes back from Chainlit with what it
+    could save of the old one as JSON (nulls, for the one LabSession object): nothing of that is used."""
+    session = LabSession(settings=SessionSettings.initial(state.defaults, state.presets, state.registry.names),
+                         conversation=conversation or Conversation(), user_prompts=prompts or [])
+    cl.user_session.set("lab", session)
+    return session
 
 
 async def start(actions: list[cl.Action] | None = None) -> None:
@@ -185,18 +231,9 @@ async def start(actions: list[cl.Action] | None = None) -> None:
     await say("\n".join(_status_lines(statuses, lang_code)), actions=actions or [])
 
 
-def session_dict(key: str) -> dict:
-    """A dict this session keeps under `key`, made on first use."""
-    value = cl.user_session.get(key)
-    if not isinstance(value, dict):
-        value = {}
-        cl.user_session.set(key, value)
-    return value
-
-
 def backend_threads() -> dict[str, list[ChatMessage]]:
     """Each backend's own thread of the conversation in compare and blind rounds (chat.history.Conversation)."""
-    return session_dict("threads")
+    return lab().threads
 
 
 async def resume(thread: dict) -> None:
@@ -208,10 +245,10 @@ async def resume(thread: dict) -> None:
     conversation = await _stored_conversation(state, thread.get("id"))
     if conversation is None:
         conversation = Conversation(history=_history_from_steps(steps))
-    _new_session(state, conversation, prompts)
+    session = _new_session(state, conversation, prompts)
     restored = _saved_settings(state, thread)
     if restored is not None:
-        cl.user_session.set("settings", restored)
+        session.settings = restored
     await _send_settings(await state.statuses())
 
 
@@ -285,7 +322,7 @@ async def update_settings(values: dict) -> None:
         problems = "\n".join(f"- {problem}" for problem in error.problems)
         await say(text("settings_rejected", lang_code, problems=problems))
         return
-    cl.user_session.set("settings", settings)
+    lab().settings = settings
     system = settings.system_custom.strip() and text("custom", lang_code) or settings.system_preset
     optional = ", ".join(f"{name.replace('_', '-')} {value}" for name, value in
                          (("top_k", settings.top_k), ("min_p", settings.min_p),
@@ -338,9 +375,12 @@ async def reply(user_text: str) -> None:
     message.metadata = {"record": outcome.record.as_dict(),
                         "sent": dict(plan.request.sent)}
     await message.update()
-    await state.save_reply(stored_reply(plan, outcome.record, user_text=user_text, reply_text=outcome.text,
-                                        reply_id=message.id, thread_id=cl.context.session.thread_id,
-                                        user_identifier=current_user()))
+    not_saved = await state.save_reply(stored_reply(plan, outcome.record, user_text=user_text,
+                                                    reply_text=outcome.text, reply_id=message.id,
+                                                    thread_id=cl.context.session.thread_id,
+                                                    user_identifier=current_user()))
+    if not_saved is not None:
+        await say(not_saved.render(lang_code))
     empty = empty_reply_notice(outcome.record, outcome.text)
     if empty is not None:
         await say(empty.render(lang_code))
@@ -351,7 +391,7 @@ async def reply(user_text: str) -> None:
         return
     # The partial text of a stopped or failed reply stays in the conversation.
     history.extend([ChatMessage("user", user_text), ChatMessage("assistant", outcome.text)])
-    cl.user_session.set("pending", None)
+    lab().pending = None
 
 
 def _author(label: str, name: str) -> str:
@@ -359,8 +399,12 @@ def _author(label: str, name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_ .-]", "", label).strip() or name
 
 
+def retry_action(lang: str) -> cl.Action:
+    """The Retry button: it sends the pending message again, with the settings in effect then."""
+    return cl.Action(name="retry", payload={}, label=text("retry", lang), icon="rotate-ccw")
+
+
 async def _show_error(label: str, reason: str, user_text: str, lang: str) -> None:
-    cl.user_session.set("pending", user_text)
-    retry = cl.Action(name="retry", payload={}, label=text("retry", lang), icon="rotate-ccw")
+    lab().pending = user_text
     await say(f"{text('error_title', lang, backend=label)}\n\n{reason}\n\n{text('error_keep', lang)}",
-               actions=[retry])
+               actions=[retry_action(lang)])
