@@ -13,7 +13,8 @@ import chainlit as cl
 from chainlit.server import app as chainlit_server
 from fastapi.routing import APIRoute
 
-from chat import commands, engines_view, ops, rounds_view, session
+from chat import commands, engines_view, login_guard, ops, rounds_view, session
+from chat.session import guarded
 from chat.auth import current_config
 from chat.socket_guard import guard_socket
 from config import load_env
@@ -28,6 +29,8 @@ load_env()
 AUTH = current_config()
 # Chainlit's socket: allow_origins (.chainlit/config.toml) applies to it too; oversized messages get an answer.
 guard_socket()
+# Before the first page: engine imports, the embedded model starts loading (never on the event loop).
+session.start_up()
 
 try:
     # The tables exist before Chainlit's data layer first touches them (a login reads users).
@@ -51,85 +54,97 @@ else:
 chainlit_server.router.routes.insert(0, APIRoute("/lab/state", ops.state_endpoint, methods=["GET"]))
 
 if AUTH.enabled:
-    @cl.password_auth_callback
-    def login(username: str, password: str) -> cl.User | None:
-        if not AUTH.check(username, password):
-            return None
-        return cl.User(identifier=username, metadata={"teacher": AUTH.is_teacher(username)})
+    # Passwords are checked off the event loop, behind per-name and per-address limits.
+    login_guard.install(AUTH)
 
 
 @cl.on_chat_start
+@guarded
 async def on_chat_start() -> None:
     await session.start(actions=commands.report_actions())
     await commands.announce_commands()
 
 
 @cl.on_chat_resume
+@guarded
 async def on_chat_resume(thread: dict) -> None:
     await session.resume(thread)
     await rounds_view.resume(thread)
 
 
 @cl.on_settings_update
+@guarded
 async def on_settings_update(values: dict) -> None:
     await session.update_settings(values)
 
 
 @cl.on_message
+@guarded
 async def on_message(message: cl.Message) -> None:
     await commands.on_message(message)
 
 
 @cl.action_callback("retry")
+@guarded
 async def on_retry(action: cl.Action) -> None:
     await commands.retry()
 
 
 @cl.action_callback("vote")
+@guarded
 async def on_vote(action: cl.Action) -> dict:
     return await rounds_view.vote(action.payload)
 
 
 @cl.action_callback("leaderboard")
+@guarded
 async def on_leaderboard(action: cl.Action) -> None:
     await commands.run_action("leaderboard")
 
 
 @cl.action_callback("stats")
+@guarded
 async def on_stats(action: cl.Action) -> None:
     await commands.run_action("stats")
 
 
 @cl.action_callback("replay")
+@guarded
 async def on_replay(action: cl.Action) -> None:
     await commands.run_action("replay")
 
 
 @cl.action_callback("engines")
+@guarded
 async def on_engines(action: cl.Action) -> None:
     await commands.run_action("engines")
 
 
 @cl.action_callback("bench")
+@guarded
 async def on_bench(action: cl.Action) -> None:
     await commands.run_action("bench")
 
 
 @cl.action_callback("status")
+@guarded
 async def on_status(action: cl.Action) -> None:
     await commands.run_action("status")
 
 
 @cl.action_callback("simulate")
+@guarded
 async def on_simulate(action: cl.Action) -> dict:
     return await engines_view.simulate(action.payload)
 
 
 @cl.action_callback("close_panel")
+@guarded
 async def on_close_panel(action: cl.Action) -> None:
     await engines_view.close_panel()
 
 
 @cl.on_chat_end
+@guarded
 async def on_chat_end() -> None:
     await engines_view.close_panel()
