@@ -272,6 +272,11 @@ class Backend(Protocol):
         """Load what `pending_warm_up` names, so that no reply pays for it."""
         ...
 
+    def start_up(self) -> None:
+        """At the app's start-up, before it serves a page: pay what a first use would (an engine's
+        import; start loading a model in the background) so no reply and no event loop waits on it."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections (and nothing shared with other sessions)."""
         ...

@@ -134,6 +134,7 @@ class SharedModel:
                 self._state, self._error = "failed", str(error)
                 raise
             self._formatter = _chat_formatter(llama)
+            _warm_up_decode(llama)
             self._load_s = time.perf_counter() - started
             self.llama = llama
             self._state, self._error = "ready", None
@@ -202,6 +203,22 @@ def shared_models() -> list[SharedModel]:
     """Every model this process has created so far (loaded or not), for the app's own counts."""
     with _SHARED_LOCK:
         return list(_SHARED.values())
+
+
+def _warm_up_decode(llama) -> None:
+    """Evaluate one token and forget it: llama.cpp sets up its compute buffers on the first
+    decode, which would otherwise fall inside the first reply's time to first token (llama.cpp's
+    own server does the same warm-up at load)."""
+    bos = llama.token_bos()
+    llama.eval([bos if bos != -1 else llama.tokenize(b" ", add_bos=False, special=False)[0]])
+    llama.reset()
+
+
+def import_engine() -> None:
+    """Import llama-cpp-python now. Its import loads the native library while holding the
+    interpreter (measured: the event loop stalled 80-400 ms when the import ran on the model's
+    thread during the first chat), so the app does it at start-up, before it serves a page."""
+    import llama_cpp  # noqa: F401
 
 
 def _chat_formatter(llama):
@@ -283,6 +300,14 @@ class LlamaCppBackend:
 
     async def warm_up(self) -> None:
         await self.ensure_loaded()
+
+    def start_up(self) -> None:
+        """Import the engine now (`import_engine`) and begin loading the shared model on its own
+        thread without waiting: the first chat finds it loaded or loading."""
+        import_engine()
+        if self.model.llama is None:
+            future = self.model.executor.submit(self.model.load_blocking)
+            future.add_done_callback(lambda done: done.exception())  # a failure is reported by the first chat
 
     async def engine_snapshot(self) -> EngineSnapshot | None:
         return self.model.snapshot()

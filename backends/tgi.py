@@ -372,6 +372,10 @@ class TGIBackend:
                 hint="The text so far is kept. Check that the URL points at TGI.",
             ) from None
 
+    def start_up(self) -> None:
+        """Nothing to do before the first page: the connection and the client's first call are
+        paid in `prepare` (warm_up), before any clock."""
+
     def pending_warm_up(self) -> str | None:
         return None
 

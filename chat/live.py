@@ -8,7 +8,8 @@ Measurement stays per chunk (in `timing`); only rendering is batched:
 
 `LiveReply` talks to duck-typed `message` (`stream_token`) and `metrics`
 (`props`, `update`) objects, so the same code drives Chainlit and unit tests,
-and a future side-by-side view runs one `LiveReply` per column.
+and one `LiveReply` drives a chat reply (compare rounds draw all their columns
+as one element, chat/rounds.py).
 """
 
 from __future__ import annotations
@@ -218,9 +219,13 @@ class LiveReply:
             await self.message.stream_token(batch)
 
     async def _render_loop(self) -> None:
+        # The first drawing waits one interval: the request leaves (and its clock starts) first,
+        # so no drawing of ours can sit between the clock starting and the request leaving (the
+        # figures already show "starting" from the message's first send).
         loop = asyncio.get_running_loop()
-        next_metrics = loop.time()
+        next_metrics = loop.time() + self.metrics_interval_s
         while True:
+            await asyncio.sleep(self.text_interval_s)
             await self._flush_text()
             now = loop.time()
             if now >= next_metrics:
@@ -230,5 +235,4 @@ class LiveReply:
                 )
                 await self.metrics.update()
                 next_metrics = now + self.metrics_interval_s
-            # Sleep one text interval; tokens arriving meanwhile are batched.
-            await asyncio.sleep(self.text_interval_s)
+            # Tokens arriving during the next sleep are batched.

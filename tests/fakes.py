@@ -80,6 +80,9 @@ class FakeBackend:
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
         return sum(len(m.content.split()) + 4 for m in messages)
 
+    def start_up(self) -> None:
+        pass
+
     def pending_warm_up(self) -> str | None:
         return None
 
