@@ -44,11 +44,13 @@ GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAU
                     "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TOP_K", "DEFAULT_MIN_P", "DEFAULT_REPETITION_PENALTY",
                     "DEFAULT_SEED", "DEFAULT_SYSTEM_PROMPT", "DEFAULT_MODE", "DEFAULT_COMPARE_BACKENDS",
                     "DEFAULT_RUN_ORDER", "DEFAULT_REVEAL", "DATABASE_URL", "AUTH_USERS", "TEACHERS",
-                    "CHAINLIT_AUTH_SECRET", "LAB_TEST_EMBEDDED_HOLD_FILE")
+                    "CHAINLIT_AUTH_SECRET", "LAB_TEST_EMBEDDED_HOLD_FILE", "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS")
 # Tests only, off when unset: while the file it names exists, the embedded model holds each
 # generation before its first token (backends/llamacpp.py), so a browser test can build a
 # queue behind it on any machine instead of racing the model's speed.
 TEST_HOLD_FILE_VARIABLE = "LAB_TEST_EMBEDDED_HOLD_FILE"
+# With it, the hold comes after this many tokens of each generation instead of before the first.
+TEST_HOLD_AFTER_TOKENS_VARIABLE = "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS"
 DEFAULT_LABELS = {
     "llamacpp": "llama.cpp (embedded)",
     "vllm": "vLLM",

