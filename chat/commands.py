@@ -68,6 +68,8 @@ async def answer(user_text: str) -> None:
 
 
 async def run_command(name: str) -> None:
+    if session.lab().disclosure.unsure:  # a reopened chat whose rounds could not be read: try again
+        await rounds_view.restore_hidden_rounds(cl.context.session.thread_id)
     wait = session.lab().disclosure.refusal(name)
     if wait is not None:  # chat.disclosure: it could tie a blind round's column to its backend
         await session.say(text(wait.key, session.lang(), **wait.values))

@@ -68,6 +68,9 @@ class Disclosure:
     def __init__(self) -> None:
         self._hidden: dict[str, frozenset[str]] = {}  # round id -> words that would name a column's backend
         self._pattern: re.Pattern | None = None
+        # A reopened chat whose blind rounds could not be read (the database is unavailable, or its
+        # rows still wait to be written): it may hold one without a vote, so everything waits.
+        self.unsure = False
 
     def __repr__(self) -> str:  # never the words
         return f"Disclosure({len(self._hidden)} blind round(s) waiting for a vote)"
@@ -95,17 +98,21 @@ class Disclosure:
 
     def refusal(self, command: str) -> Wait | None:
         """Why `command` must wait now, or None when it may run."""
-        if self._hidden and command in WAITING_COMMANDS:
+        if command not in WAITING_COMMANDS:
+            return None
+        if self.unsure:
+            return Wait("blind_wait_unsure", {"command": command})
+        if self._hidden:
             return Wait("blind_wait", {"command": command, "rounds": len(self._hidden)})
         return None
 
     def health_shown(self) -> bool:
         """Whether backends' availability may be shown (it could name a blind column's failure)."""
-        return not self._hidden
+        return not self._hidden and not self.unsure
 
     def panel_allowed(self, mode: str) -> bool:
         """Whether the engine panel may stay open (each engine's load would show which column is which)."""
-        return mode != "blind" and not self._hidden
+        return mode != "blind" and not self._hidden and not self.unsure
 
     def screen(self, text: str) -> str:
         """`text` (written by the app, not a model's reply) with every hidden word replaced."""

@@ -200,6 +200,9 @@ async def replay_on_all_backends() -> None:
     """Re-run this chat's user prompts, turn by turn, on every chosen backend (each with its own
     thread), one backend after another; a progress line moves; the result is a table."""
     state, lang_code, settings = app_state(), lang(), session_settings()
+    if not state.auth.is_teacher(current_user()):  # it loads every chosen backend, prompt after prompt
+        await say(text("replay_teachers_only", lang_code))
+        return
     prompts: list[str] = list(lab().user_prompts)
     if not prompts:
         await say(text("replay_empty", lang_code))

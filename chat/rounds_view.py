@@ -217,14 +217,24 @@ async def resume(thread: dict) -> None:
         props = element.get("props")
         if isinstance(props, dict) and props.get("kind") == "compare" and props.get("roundId"):
             elements[props["roundId"]] = (element["id"], element.get("forId"))
+    await restore_hidden_rounds(thread.get("id"))
+
+
+async def restore_hidden_rounds(thread_id: str | None) -> None:
+    """Hide the backends of this chat's blind rounds that wait for a vote, read from the database.
+    When they cannot be read (the database is unavailable, or rows of the chat still wait in the
+    outbox) the rule is unsure and everything it guards waits; commands call this again."""
+    disclosure = lab().disclosure
     store = await app_state().storage()
-    if store is None or not thread.get("id"):
+    if store is None or not thread_id:
         return
     try:
-        waiting = await store.unvoted_blind_rounds(thread["id"])
-        replies = await store.replies_for_thread(thread["id"]) if waiting else []
-    except StoreError as error:
-        await say(text("storage_read_failed", lang(), problem=str(error)))
+        if store.outbox is not None and store.outbox.waiting:
+            raise StoreError(f"{store.outbox.waiting} row(s) still wait to be written")
+        waiting = await store.unvoted_blind_rounds(thread_id)
+        replies = await store.replies_for_thread(thread_id) if waiting else []
+    except StoreError:
+        disclosure.unsure = True
         return
     state = app_state()
     for round_ in waiting:
@@ -235,7 +245,8 @@ async def resume(thread: dict) -> None:
             words.add(column.backend)
         words |= {word for reply in replies if reply.round_id == round_.id
                   for word in (reply.model, reply.backend_label, reply.backend)}
-        lab().disclosure.hide(round_.id, words)
+        disclosure.hide(round_.id, words)
+    disclosure.unsure = False
 
 
 def _parse_vote(payload: Any) -> Vote:

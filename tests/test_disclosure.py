@@ -58,3 +58,13 @@ def test_the_vote_releases_only_its_own_round_and_the_words_never_print():
     rule.reveal("round-2")
     rule.reveal("round-2")  # twice is harmless
     assert rule.refusal("stats") is None and rule.waiting_rounds == 0
+
+
+def test_a_chat_whose_rounds_cannot_be_read_is_held_as_if_one_waited():
+    rule = Disclosure()
+    rule.unsure = True  # reopened while the database was unavailable
+    wait = rule.refusal("status")
+    assert wait is not None and wait.key == "blind_wait_unsure"
+    assert not rule.health_shown() and not rule.panel_allowed("compare")
+    rule.unsure = False
+    assert rule.refusal("status") is None

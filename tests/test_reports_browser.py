@@ -169,6 +169,12 @@ def test_login_keeps_each_persons_history_to_themselves_and_a_chat_resumes(chrom
         # would pass the check below for nothing).
         titles = wait_for_history_title(bob, "bob's own question")
         assert not any("alice" in title for title in titles), titles
+        # Replaying a chat loads every chosen backend: with login on, a student may not.
+        requests_before = [len(server.requests()) for server in pair]
+        bob.locator("#chat-input").fill("/replay")
+        bob.locator("#chat-submit").click()
+        expect(bob.locator(".step", has_text="Only a teacher may replay")).to_be_visible(timeout=30_000)
+        assert [len(server.requests()) for server in pair] == requests_before
 
         # Alice reopens her chat from the sidebar: it goes on with its history.
         alice.locator("#thread-history a", has_text="alice secret plan").first.click()
