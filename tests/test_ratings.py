@@ -261,11 +261,11 @@ def test_an_empty_leaderboard_says_how_to_start():
 
 
 def test_the_leaderboard_message_speaks_the_persons_language():
-    from chat.reports import leaderboard_markdown
+    from compare.board import plain_markdown
 
     board = build_leaderboard(MIXED + wins("a", "new", 1), [ReplyFigures("idle", 0.1, 10.0)], bootstrap_samples=1)
-    english = leaderboard_markdown(board, unrated_votes=2, lang_code="en")
-    chinese = leaderboard_markdown(board, unrated_votes=2, lang_code="zh")
+    english = plain_markdown(board, unrated_votes=2, lang="en")
+    chinese = plain_markdown(board, unrated_votes=2, lang="zh")
     assert "Only 6 vote(s) so far" in english and "new lost every round it was in (1)" in english
     assert "idle has replies but no votes yet" in english
     assert "1 of 6 blind vote(s) came with a comment." in english
