@@ -95,6 +95,21 @@ async def on_leaderboard(action: cl.Action) -> None:
     await commands.run_action("leaderboard")
 
 
+@cl.action_callback("leaderboard_view")
+async def on_leaderboard_view(action: cl.Action) -> None:
+    await commands.run_action("leaderboard", commands.view_arguments(action.payload))
+
+
+@cl.action_callback("export_votes")
+async def on_export_votes(action: cl.Action) -> None:
+    await commands.run_action("export_votes")
+
+
+@cl.action_callback("prompt")
+async def on_prompt(action: cl.Action) -> None:
+    await commands.run_action("prompt")
+
+
 @cl.action_callback("stats")
 async def on_stats(action: cl.Action) -> None:
     await commands.run_action("stats")

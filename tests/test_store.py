@@ -250,7 +250,7 @@ async def test_a_second_vote_is_rejected(store):
 
 
 async def test_judgements_and_comments_reach_the_leaderboard(store):
-    from chat.reports import rated_votes
+    from compare.battles import PromptCatalogue, battles_from_votes, rounds_from_battles
     from compare.ratings import build_leaderboard
 
     three = make_round(mode="blind")  # A llama_cpp, B vllm, C tgi
@@ -269,7 +269,8 @@ async def test_judgements_and_comments_reach_the_leaderboard(store):
         await store.cast_vote(vote)
     records = await store.votes()
     assert [record.verdicts for record in records] == [("bad", "good", "good"), ("bad", "bad"), ("good", None, None)]
-    board = build_leaderboard(rated_votes(records), [], bootstrap_samples=1)
+    counted = [battle for battle in battles_from_votes(records, PromptCatalogue()) if battle.counted]
+    board = build_leaderboard(rounds_from_battles(counted), [], bootstrap_samples=1)
     judged = {row.backend: (row.good_verdicts, row.bad_verdicts) for row in board.rows}
     assert judged == {"llama_cpp": (0, 1), "vllm": (1, 1), "tgi": (1, 1)}
     assert (board.total_votes, board.commented_votes) == (2, 1)
@@ -459,6 +460,34 @@ async def test_migrate_brings_a_version_2_database_to_one_vote_per_person(store,
 def test_a_comment_that_names_a_backend_is_found(comment, named):
     identities = ["llama_cpp", "vllm", "tgi", "vLLM", "TGI", "", "SmolLM2-135M-Instruct"]
     assert names_in_comment(comment, identities) == named
+
+
+async def test_stored_votes_export_as_battles_and_rate_the_same_read_back(store, tmp_path):
+    from compare.battles import PromptCatalogue, battles_from_votes, battles_jsonl, read_battles
+    from compare.board import board_json, build_board
+
+    catalogue = PromptCatalogue({"Compare me": ("compare", "en")})
+    for number, (outcome, winner, reveal) in enumerate([("win", "A", "pace"), ("win", "B", "finished"),
+                                                         ("tie", None, "pace"), ("both_bad", None, None)]):
+        round_ = replace(make_round(mode="blind"), reveal=reveal)  # A llama_cpp, B vllm, C tgi
+        await store.save_round(round_)
+        for column in round_.columns:
+            reply = replace(make_reply(thread_id=None, backend=column.backend, mode="blind", round_id=round_.id,
+                                       column_label=column.label), output_tokens=40 + 10 * number)
+            await store.save_reply(reply)
+            await store.set_round_reply(round_.id, column.label, reply.id)
+        await store.cast_vote(Vote(round_id=round_.id, outcome=outcome, winner_label=winner, user_identifier="alice",
+                                   created_at=T0 + timedelta(minutes=number)))
+    battles = battles_from_votes(await store.votes(with_replies=True), catalogue)
+    assert [len([b for b in battles if b.round_id == r]) for r in dict.fromkeys(b.round_id for b in battles)] == [
+        2, 2, 3, 3]
+    assert {b.category for b in battles} == {"compare"} and battles[0].a.tokens == 40
+    assert battles[0].a.decode_tokens_per_s == 61.5 and battles[0].a.settings["temperature"] == 0.7
+    path = tmp_path / "votes.jsonl"
+    path.write_bytes(battles_jsonl(battles))
+    assert read_battles(path) == battles
+    assert board_json(build_board(read_battles(path), bootstrap_samples=50)) == board_json(
+        build_board(battles, bootstrap_samples=50))
 
 
 async def test_attaching_a_reply_to_an_unknown_round_or_column(store):
