@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal, Mapping, Sequence
 
@@ -347,7 +348,7 @@ def build_leaderboard(
     rated = [row.backend for row in rows if row.rating is not None]
     return Leaderboard(
         rows=tuple(rows),
-        matchups=tuple(_matchup(a, b, votes) for a in rated for b in rated if a != b),
+        matchups=_matchups(votes, rated),
         total_votes=len(votes),
         commented_votes=sum(1 for vote in votes if vote.comment.strip()),
         notes=_notes(rows, len(votes)),
@@ -578,18 +579,17 @@ def _row(
     )
 
 
-def _matchup(backend: str, opponent: str, votes: Sequence[RoundVote]) -> Matchup:
-    wins = 0.0
-    comparisons = 0
+def _matchups(votes: Sequence[RoundVote], rated: Sequence[str]) -> tuple[Matchup, ...]:
+    """Head-to-head records of every ordered pair of rated backends, in one pass over the votes."""
+    wins: dict[tuple[str, str], float] = defaultdict(float)
+    comparisons: dict[tuple[str, str], int] = defaultdict(int)
     for vote in votes:
         for pair in pairwise_outcomes(vote):
-            if (pair.backend, pair.opponent) == (backend, opponent):
-                wins += pair.backend_score
-                comparisons += 1
-            elif (pair.backend, pair.opponent) == (opponent, backend):
-                wins += 1.0 - pair.backend_score
-                comparisons += 1
-    return Matchup(backend, opponent, wins, comparisons)
+            wins[pair.backend, pair.opponent] += pair.backend_score
+            wins[pair.opponent, pair.backend] += 1.0 - pair.backend_score
+            comparisons[pair.backend, pair.opponent] += 1
+            comparisons[pair.opponent, pair.backend] += 1
+    return tuple(Matchup(a, b, wins[a, b], comparisons[a, b]) for a in rated for b in rated if a != b)
 
 
 def _notes(rows: Sequence[LeaderboardRow], total_votes: int) -> tuple[LeaderboardNote, ...]:
