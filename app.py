@@ -13,12 +13,16 @@ import chainlit as cl
 from chainlit.server import app as chainlit_server
 from fastapi.routing import APIRoute
 
-from chat import commands, engines_view, ops, rounds_view, session
-from chat.auth import current_config
-from chat.socket_guard import guard_socket
-from config import load_env
-from store import StoreError
-from store.db import migrate_blocking
+from compare import one_blas_thread
+
+one_blas_thread()  # before anything imports numpy
+
+from chat import commands, engines_view, ops, rounds_view, session  # noqa: E402
+from chat.auth import current_config  # noqa: E402
+from chat.socket_guard import guard_socket  # noqa: E402
+from config import load_env  # noqa: E402
+from store import StoreError  # noqa: E402
+from store.db import migrate_blocking  # noqa: E402
 
 # Under `chainlit run -w`, every refresh of the live figures writes a file under
 # .files/, and the file watcher would log each one (~10 lines a second).

@@ -15,10 +15,14 @@ import argparse
 import json
 import sys
 
-from compare.battles import BattleFileError, BattleView, read_battles
-from compare.board import board_json, board_markdown, build_board
-from compare.controlled import DEFAULT_CONTROLS, parse_controls
-from compare.ratings import BOOTSTRAP_SAMPLES, ReplyFigures
+from compare import one_blas_thread
+
+one_blas_thread()  # before numpy is imported
+
+from compare.battles import BattleFileError, BattleView, read_battles  # noqa: E402
+from compare.board import board_json, board_markdown, build_board  # noqa: E402
+from compare.controlled import DEFAULT_CONTROLS, parse_controls  # noqa: E402
+from compare.ratings import BOOTSTRAP_SAMPLES, ReplyFigures  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,11 +48,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from compare.battles import Battle, vote_count
+from compare.battles import Battle, Side, vote_count
 from compare.ratings import (
     BOOTSTRAP_SAMPLES,
     INTERVAL_PERCENT,
@@ -73,8 +73,8 @@ DEFAULT_CONTROLS = ("speed", "length", "style")
 SPEED_SHOWN_IN = frozenset({"pace"})
 
 
-def normalised_difference(a: float, b: float) -> float:
-    """Arena's style difference: (a - b) / (a + b + 1)."""
+def normalised_difference(a, b):
+    """Arena's style difference: (a - b) / (a + b + 1), of numbers or numpy arrays."""
     return (a - b) / (a + b + 1)
 
 
@@ -100,7 +100,10 @@ WIDE_WIN_SHARE_INTERVAL = 0.3
 BOOTSTRAP_CHUNK = 250  # resamples fitted together: bounds memory (chunk x battles floats per array)
 
 _MAX_NEWTON_STEPS = 100
-_NEWTON_STEP_TOLERANCE = 1e-9
+# In log-odds: 1e-7 is 0.00002 rating points. Newton halves the digits left each step, so a
+# warm start settles in about three.
+_NEWTON_STEP_TOLERANCE = 1e-7
+_STEP_CHECK_ABOVE = 1e-4  # a shorter step cannot overshoot by more than rounding
 _MAX_STEP_HALVINGS = 30
 
 Verdict = str  # favours | disfavours | no_clear_effect | too_few_votes | not_measured
@@ -160,23 +163,48 @@ def parse_controls(spec: str) -> tuple[str, ...]:
     return names
 
 
+# What each covariate compares between the two sides.
+_SIDE_FIGURE: dict[str, Callable[[Side], float | None]] = {
+    "first_token": lambda side: side.first_token_s,
+    "decode": lambda side: side.decode_tokens_per_s,
+    "length": lambda side: side.tokens,
+    "headers": lambda side: side.markdown.header_total,
+    "lists": lambda side: side.markdown.list_total,
+    "bold": lambda side: side.markdown.bold_total,
+}
+
+
+def covariate_matrix(battles: Sequence[Battle], covariates: Sequence[str]) -> np.ndarray:
+    """The raw differences (side a minus side b, see the module's table), one row per battle and
+    one column per covariate; 0 where the voter could not see a difference or it is unknown."""
+    unknown = [name for name in covariates if name not in _SIDE_FIGURE]
+    if unknown:
+        raise ValueError(f"Unknown covariate {unknown[0]!r}; known: {', '.join(_SIDE_FIGURE)}.")
+    speed_shown = np.array([battle.reveal in SPEED_SHOWN_IN for battle in battles], dtype=bool)
+    columns = []
+    for name in covariates:
+        figure = _SIDE_FIGURE[name]
+        a = np.array([_known(figure(battle.a)) for battle in battles], dtype=float)
+        b = np.array([_known(figure(battle.b)) for battle in battles], dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if name in ("first_token", "decode"):
+                usable = speed_shown & (a > 0) & (b > 0)  # NaN (unknown) compares False
+                # Sooner first token, faster decoding: positive when side a is quicker.
+                column = np.log2(b / a) if name == "first_token" else np.log2(a / b)
+            else:
+                usable = ~(np.isnan(a) | np.isnan(b))
+                column = normalised_difference(a, b)
+        columns.append(np.where(usable, column, 0.0))
+    return np.column_stack(columns) if columns else np.zeros((len(battles), 0))
+
+
 def covariate_value(covariate: str, battle: Battle) -> float:
-    """The raw difference (side a minus side b, see the module's table) of one battle."""
-    a, b = battle.a, battle.b
-    if covariate in ("first_token", "decode"):
-        if battle.reveal not in SPEED_SHOWN_IN:
-            return 0.0
-        if covariate == "first_token":
-            return _log2_ratio(b.first_token_s, a.first_token_s)
-        return _log2_ratio(a.decode_tokens_per_s, b.decode_tokens_per_s)
-    if covariate == "length":
-        if a.tokens is None or b.tokens is None:
-            return 0.0
-        return normalised_difference(a.tokens, b.tokens)
-    counts = {"headers": "header_total", "lists": "list_total", "bold": "bold_total"}
-    if covariate in counts:
-        return normalised_difference(getattr(a.markdown, counts[covariate]), getattr(b.markdown, counts[covariate]))
-    raise ValueError(f"Unknown covariate {covariate!r}; known: {', '.join(REFERENCE_DIFFERENCES)}.")
+    """The raw difference of one covariate in one battle (see covariate_matrix)."""
+    return float(covariate_matrix([battle], [covariate])[0, 0])
+
+
+def _known(value: float | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 def rate_with_controls(
@@ -208,8 +236,7 @@ def rate_with_controls(
     backends = sorted({name for battle in counted for name in (battle.a.backend, battle.b.backend)})
     index = {name: i for i, name in enumerate(backends)}
     round_of = {round_id: i for i, round_id in enumerate(dict.fromkeys(battle.round_id for battle in counted))}
-    raw = np.array([[covariate_value(name, battle) for name in covariates] for battle in counted]).reshape(
-        len(counted), len(covariates))
+    raw = covariate_matrix(counted, covariates)
     scale = np.sqrt(np.mean(raw ** 2, axis=0))
     measured = scale > 1e-12
     design, outcomes = _design(counted, index, raw[:, measured] / scale[measured], prior_ties_per_pair)
@@ -275,12 +302,6 @@ def _resample_rounds(rounds: int, samples: int, seed: int) -> np.ndarray:
     return np.bincount((draws + offsets).ravel(), minlength=samples * rounds).reshape(samples, rounds).astype(float)
 
 
-def _log2_ratio(numerator: float | None, denominator: float | None) -> float:
-    if numerator is None or denominator is None or numerator <= 0 or denominator <= 0:
-        return 0.0  # unknown: no difference shown
-    return math.log2(numerator / denominator)
-
-
 def _design(battles: Sequence[Battle], index: Mapping[str, int], covariates: np.ndarray,
             prior_ties_per_pair: float) -> tuple[np.ndarray, np.ndarray]:
     """Rows [+1 for a, -1 for b | covariates] and outcomes (a's score), then one virtual tie per
@@ -307,47 +328,59 @@ def _fit(design: np.ndarray, outcomes: np.ndarray, weights: np.ndarray, start: n
     The strengths' mean stays where `start` has it: their Hessian block is singular along the
     all-ones direction, and adding ones/k there makes each step keep the mean (the gradient has
     no component along it).
+
+    A full Newton step is kept when the objective still rises at its end (the gradient there
+    points along the step: by concavity it rose all the way), which is every step near the
+    optimum, as in a warm-started bootstrap. Otherwise the step is halved until the objective
+    improves, checked on the objective itself; that costs a second pass over the battles,
+    so it is only done for the rows that need it.
     """
     rows, parameters = weights.shape[0], design.shape[1]
     outer = (design[:, :, None] * design[:, None, :]).reshape(len(design), parameters * parameters)
     pin = np.zeros((parameters, parameters))
     pin[:strengths, :strengths] = 1.0 / strengths
     fixed_curvature = np.diag(ridge) + pin
-
-    def evaluate(theta: np.ndarray, row_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The penalised log-likelihood of each row, and each battle's win chance for side a.
-
-        One exp serves both: with e = exp(-|s|), log(1 + exp(-s)) = max(-s, 0) + log1p(e) and
-        logistic(s) = 1 / (1 + e) for s >= 0, e / (1 + e) below. A score of half a win
-        (a tie) contributes log logistic(s) - (1 - y) * s with y = 0.5.
-        """
-        scores = theta @ design.T
-        small = np.exp(-np.abs(scores))
-        log_win = -(np.maximum(-scores, 0.0) + np.log1p(small))
-        value = (row_weights * (log_win - losses * scores)).sum(axis=1) - 0.5 * (ridge * theta * theta).sum(axis=1)
-        win_chance = np.where(scores >= 0.0, 1.0, small) / (1.0 + small)
-        return value, win_chance
-
     losses = 1.0 - outcomes
+
+    def win_chances(theta: np.ndarray) -> np.ndarray:
+        return 0.5 * (1.0 + np.tanh(0.5 * (theta @ design.T)))  # logistic, without overflow
+
+    def gradient_at(theta: np.ndarray, win_chance: np.ndarray, row_weights: np.ndarray) -> np.ndarray:
+        return (row_weights * (outcomes - win_chance)) @ design - ridge * theta
+
+    def objective(theta: np.ndarray, row_weights: np.ndarray) -> np.ndarray:
+        # A score y (1, 0.5, 0) adds y log p + (1 - y) log(1 - p) = -log(1 + e^-s) - (1 - y) s.
+        scores = theta @ design.T
+        fit = -(row_weights * (np.logaddexp(0.0, -scores) + losses * scores)).sum(axis=1)
+        return fit - 0.5 * (ridge * theta * theta).sum(axis=1)
+
     theta = start.astype(float).copy()
-    value, win_chance = evaluate(theta, weights)
+    win_chance = win_chances(theta)
+    gradient = gradient_at(theta, win_chance, weights)
     for _ in range(_MAX_NEWTON_STEPS):
-        gradient = (weights * (outcomes - win_chance)) @ design - ridge * theta
         curvature = (weights * win_chance * (1.0 - win_chance)) @ outer
         hessian = curvature.reshape(rows, parameters, parameters) + fixed_curvature
         step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
         candidate = theta + step
-        new_value, new_win_chance = evaluate(candidate, weights)
-        step_scale = np.ones(rows)
-        for _ in range(_MAX_STEP_HALVINGS):
-            worse = new_value < value - 1e-12 * np.abs(value)
-            if not worse.any():
-                break
-            step_scale[worse] /= 2
-            candidate[worse] = theta[worse] + step_scale[worse, None] * step[worse]
-            new_value[worse], new_win_chance[worse] = evaluate(candidate[worse], weights[worse])
+        new_win_chance = win_chances(candidate)
+        new_gradient = gradient_at(candidate, new_win_chance, weights)
+        # Past the top along the step, and not by a rounding error at the optimum: check it.
+        overshot = np.flatnonzero(((new_gradient * step).sum(axis=1) < 0)
+                                  & (np.abs(step).max(axis=1) > _STEP_CHECK_ABOVE))
+        if overshot.size:
+            held = weights[overshot]
+            before = objective(theta[overshot], held)
+            scale = np.ones(overshot.size)
+            for _ in range(_MAX_STEP_HALVINGS):
+                worse = objective(candidate[overshot], held) < before - 1e-12 * np.abs(before)
+                if not worse.any():
+                    break
+                scale[worse] /= 2
+                candidate[overshot[worse]] = theta[overshot[worse]] + scale[worse, None] * step[overshot[worse]]
+            new_win_chance[overshot] = win_chances(candidate[overshot])
+            new_gradient[overshot] = gradient_at(candidate[overshot], new_win_chance[overshot], held)
         moved = np.abs(candidate - theta).max()
-        theta, value, win_chance = candidate, new_value, new_win_chance
+        theta, win_chance, gradient = candidate, new_win_chance, new_gradient
         if moved < _NEWTON_STEP_TOLERANCE:
             return theta
     raise RuntimeError(f"The controlled Bradley-Terry fit did not settle in {_MAX_NEWTON_STEPS} Newton steps.")
