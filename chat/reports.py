@@ -100,7 +100,7 @@ async def show_leaderboard(arguments: str = "") -> None:
         return
     try:
         records = await store.votes(with_replies=True)
-        replies = await store.replies(limit=FIGURES_LIMIT)
+        speeds = await store.reply_speeds(limit=FIGURES_LIMIT)
     except StoreError as error:
         await say(text("storage_failed", lang_code, problem=str(error)))
         return
@@ -113,7 +113,7 @@ async def show_leaderboard(arguments: str = "") -> None:
         await say(text(error.key, lang_code, **error.values))
         return
     figures = [ReplyFigures(r.backend, r.first_token_s, r.decode_tokens_per_s)
-               for r in replies if r.status == "completed"]
+               for r in speeds if r.status == "completed"]
     board = await asyncio.to_thread(build_board, battles, figures, view)
     elements = []
     if board.plain.rated_rows:

@@ -17,13 +17,13 @@ from store.errors import (
     VoteLimitReached,
     VoteRejected,
 )
-from store.records import (ColumnReply, CompareRound, RoundColumn, StoredReply, Vote, VoteRecord, check_vote,
-                           names_in_comment)
+from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, Vote, VoteRecord,
+                           check_vote, names_in_comment)
 from store.schema import SCHEMA_VERSION
 from store.urls import database_url, mask_password, normalise_url
 
 __all__ = [
-    "SCHEMA_VERSION", "ColumnReply", "CompareRound", "ConfigurationError", "DatabaseUnavailable", "RoundColumn",
-    "RoundNotFound", "SchemaTooNew", "Store", "StoreError", "StoredReply", "Vote", "VoteLimitReached", "VoteRecord",
+    "SCHEMA_VERSION", "ColumnReply", "CompareRound", "ConfigurationError", "DatabaseUnavailable", "ReplySpeed",
+    "RoundColumn", "RoundNotFound", "SchemaTooNew", "Store", "StoreError", "StoredReply", "Vote", "VoteLimitReached", "VoteRecord",
     "VoteRejected", "check_vote", "database_url", "mask_password", "names_in_comment", "normalise_url",
 ]

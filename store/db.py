@@ -26,8 +26,8 @@ from sqlalchemy.schema import CreateColumn
 from store import schema
 from store.errors import (DatabaseUnavailable, RoundNotFound, SchemaTooNew, StoreError, VoteLimitReached,
                           VoteRejected)
-from store.records import (ColumnReply, CompareRound, RoundColumn, StoredReply, Vote, VoteRecord, check_vote,
-                           utc_now)
+from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, Vote, VoteRecord,
+                           check_vote, utc_now)
 from store.urls import database_url, mask_password, normalise_url
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -165,6 +165,14 @@ class Store:
             query = query.where(schema.replies.c.created_at >= since)
         async with self._engine.begin() as connection:
             return [StoredReply(**row._mapping) for row in await connection.execute(query)]
+
+    async def reply_speeds(self, limit: int = 10_000) -> list[ReplySpeed]:
+        """The newest replies' speed figures (no text, no timeline), newest first."""
+        table = schema.replies
+        query = (select(table.c.backend, table.c.status, table.c.first_token_s, table.c.decode_tokens_per_s)
+                 .order_by(table.c.created_at.desc(), table.c.id).limit(limit))
+        async with self._engine.begin() as connection:
+            return [ReplySpeed(**row._mapping) for row in await connection.execute(query)]
 
     # --- rounds ----------------------------------------------------------
 

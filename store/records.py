@@ -139,6 +139,16 @@ class Vote:
 
 
 @dataclass(frozen=True)
+class ReplySpeed:
+    """A stored reply's speed figures alone (the leaderboard's medians), without text or timeline."""
+
+    backend: str
+    status: str
+    first_token_s: float | None
+    decode_tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
 class ColumnReply:
     """What one column of a voted round answered, for the ratings' controls and the vote export:
     the reply's text, figures and settings, without its timeline."""

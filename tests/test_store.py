@@ -209,6 +209,10 @@ async def test_replies_newest_first_filtered_by_backend_and_time(store):
     # The same instant given in another time zone selects the same rows.
     tokyo = timezone(timedelta(hours=9))
     assert await store.replies(since=(T0 + timedelta(minutes=2)).astimezone(tokyo)) == saved[:1:-1]
+    # The leaderboard's medians read the speed figures alone.
+    speeds = await store.reply_speeds(limit=3)
+    assert [(s.backend, s.status, s.first_token_s, s.decode_tokens_per_s) for s in speeds] == [
+        ("llama_cpp", "completed", 0.25, 61.5), ("vllm", "completed", 0.25, 61.5), ("tgi", "completed", 0.25, 61.5)]
 
 
 # --- votes ------------------------------------------------------------------
