@@ -69,7 +69,12 @@ CONTROLS: dict[str, tuple[str, ...]] = {
     "style": ("headers", "lists", "bold"),
 }
 DEFAULT_CONTROLS = ("speed", "length", "style")
-# Reveal modes of a blind round in which the voter saw the text arrive before voting.
+# Reveal modes of a blind round in which the voter saw the text arrive before voting: the one
+# place to change when a reveal is added. Note what "pace" shows: every column at the pace of
+# the slowest one still generating (chat.rounds.RevealPace), so the voter sees how fast the
+# round went, not which side was faster. A speed effect on such votes measures what leaks
+# through that (and in compare rounds, not rated, speed is in plain view); a reveal that streams
+# each column at its own pace would be needed to measure the full effect.
 SPEED_SHOWN_IN = frozenset({"pace"})
 
 
