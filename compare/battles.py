@@ -345,17 +345,20 @@ def read_battles(path: str | Path) -> list[Battle]:
     Raises BattleFileError naming the line and what is wrong."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise BattleFileError(f"{path} is not UTF-8 text (byte {error.start}): save it as UTF-8.") from error
+        data = path.read_bytes()
     except OSError as error:
         raise BattleFileError(f"Cannot read the battle file {path}: {error.strerror}.") from error
     battles = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    # Line by line, so that a broken character is reported with its line; "utf-8-sig" lets a
+    # file saved with a byte-order mark (some Windows editors) load.
+    for number, raw in enumerate(data.splitlines(), start=1):
         try:
-            battles.append(battle_from_json(json.loads(line)))
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            if line.strip():
+                battles.append(battle_from_json(json.loads(line)))
+        except UnicodeDecodeError as error:
+            raise BattleFileError(f"{path}, line {number}: not UTF-8 text (byte {error.start}): "
+                                  "save the file as UTF-8.") from error
         except json.JSONDecodeError as error:
             raise BattleFileError(f"{path}, line {number}: not valid JSON ({error.msg}, column {error.colno}).") from error
         except (ValueError, TypeError, KeyError) as error:

@@ -179,6 +179,17 @@ def test_a_bad_battle_file_names_the_line_and_the_problem(tmp_path, content, mes
         read_battles(path)
 
 
+def test_a_battle_file_with_a_byte_order_mark_loads_and_a_broken_character_is_named(tmp_path):
+    line = '{"round_id": "r", "model_a": "a", "model_b": "b", "winner": "tie"}\n'
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + line.encode() * 2)
+    assert len(read_battles(marked)) == 2
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(line.encode() + b'{"round_id": "\xff"}\n')
+    with pytest.raises(BattleFileError, match="line 2: not UTF-8 text"):
+        read_battles(broken)
+
+
 def test_an_arena_log_converts_and_keeps_its_fields():
     battles = convert(arena_records(ARENA_SAMPLE.read_text(encoding="utf-8"), "sample"))
     assert len(battles) == 12

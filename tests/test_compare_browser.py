@@ -490,22 +490,32 @@ def restart_database(request, tmp_path_factory) -> str:
     return run(new_postgres_database(request.getfixturevalue("postgres_url")))
 
 
-def test_a_round_and_its_vote_survive_an_app_restart(page: Page, app_factory, paced_pair, restart_database):
+def blind_pair_env(paced_pair: tuple[PacedServer, PacedServer], database: str, **more: str) -> dict[str, str]:
+    """Blind rounds between the paced pair, as backends "left" and "right", stored in `database`."""
     first, second = paced_pair
-    env = {
+    return {
         "BACKENDS": "left,right",
         **backend_env("left", kind="openai", base_url=first.base_url, label="Left engine"),
         **backend_env("right", kind="openai", base_url=second.base_url, label="Right engine"),
         "DEFAULT_MODE": "blind", "DEFAULT_COMPARE_BACKENDS": "left,right", "DEFAULT_SYSTEM_PROMPT": "none",
-        "DATABASE_URL": restart_database,
+        "DATABASE_URL": database, **more,
     }
-    app = app_factory(env, name="chainlit-restart-before")
-    open_chat(page, app, "paced-test-model")
-    send(page, "Hello, both of you.")
+
+
+def first_round_voted_tie(page: Page, message: str, database: str):
+    """Send the chat's first message, wait for its round, vote tie; the stored round."""
+    send(page, message)
     watch_round(page, 0)
     page.locator('[data-testid="vote-tie"]').click()
     expect(page.locator('[data-testid="vote-summary"]')).to_contain_text("Tie")
-    stored_round = latest_round(restart_database)
+    return latest_round(database)
+
+
+def test_a_round_and_its_vote_survive_an_app_restart(page: Page, app_factory, paced_pair, restart_database):
+    env = blind_pair_env(paced_pair, restart_database)
+    app = app_factory(env, name="chainlit-restart-before")
+    open_chat(page, app, "paced-test-model")
+    stored_round = first_round_voted_tie(page, "Hello, both of you.", restart_database)
     app.stop()
 
     restarted = app_factory(env, name="chainlit-restart-after")
@@ -525,23 +535,11 @@ def test_the_leaderboard_holds_apart_speed_length_and_style_filters_views_and_ex
     """A round on a prompt from the set and one on a typed prompt whose vote comment names a
     backend: one vote rated (with its category), one kept but not rated; the leaderboard shows
     the controlled ratings, filters by typed words and by button, and exports the votes."""
-    first, second = paced_pair
     db = database_url(tmp_path_factory, "leaderboard-views")
-    env = {
-        "BACKENDS": "left,right",
-        **backend_env("left", kind="openai", base_url=first.base_url, label="Left engine"),
-        **backend_env("right", kind="openai", base_url=second.base_url, label="Right engine"),
-        "DEFAULT_MODE": "blind", "DEFAULT_COMPARE_BACKENDS": "left,right", "DEFAULT_SYSTEM_PROMPT": "none",
-        "DEFAULT_REVEAL": "pace", "DATABASE_URL": db,
-    }
-    app = app_factory(env, name="chainlit-leaderboard-views")
+    app = app_factory(blind_pair_env(paced_pair, db, DEFAULT_REVEAL="pace"), name="chainlit-leaderboard-views")
     frames = collect_frames(page)
     open_chat(page, app, "paced-test-model")
-    send(page, "/prompt")
-    watch_round(page, 0)
-    page.locator('[data-testid="vote-tie"]').click()
-    expect(page.locator('[data-testid="vote-summary"]')).to_contain_text("Tie")
-    set_round = latest_round(db)
+    set_round = first_round_voted_tie(page, "/prompt", db)
     category = next(p.category for p in load_prompt_set("en") if prompt_text(p) == set_round.prompt)
     assert set_round.reveal == "pace"
 
