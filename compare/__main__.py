@@ -19,7 +19,7 @@ from compare import one_blas_thread
 
 one_blas_thread()  # before numpy is imported
 
-from compare.battles import BattleFileError, BattleView, read_battles  # noqa: E402
+from compare.battles import BattleFileError, BattleView, read_battles, votes_by  # noqa: E402
 from compare.board import board_json, board_markdown, build_board  # noqa: E402
 from compare.controlled import DEFAULT_CONTROLS, parse_controls  # noqa: E402
 from compare.ratings import BOOTSTRAP_SAMPLES, ReplyFigures  # noqa: E402
@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     view = BattleView(args.category, args.language.lower() if args.language else None)
+    for key, wanted in (("category", view.category), ("language", view.language)):
+        present = [name for name, _ in votes_by(battles, key)]
+        if wanted is not None and wanted not in present:
+            print(f"error: no vote in {args.votes} has {key} {wanted!r}; its {key} values: {', '.join(present)}",
+                  file=sys.stderr)
+            return 1
     board = build_board(battles, _figures(battles), view, controls, bootstrap_samples=args.bootstrap,
                         controlled_bootstrap_samples=args.bootstrap, seed=args.seed)
     if args.format == "json":

@@ -2,6 +2,7 @@
 command and the leaderboard's views."""
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -267,8 +268,12 @@ def test_the_command_rates_an_export_in_markdown_with_a_category_filter(tmp_path
     (["--votes", "x.jsonl", "--control", "colour"], 2, "Unknown control 'colour'"),
     (["--votes", "x.jsonl", "--bootstrap", "0"], 2, "--bootstrap must be at least 1"),
     (["--format", "json"], 2, "the following arguments are required: --votes"),
+    (["--votes", "{export}", "--category", "poetry"], 1, "has category 'poetry'; its category values: serving, free"),
+    (["--votes", "{export}", "--language", "fr"], 1, "has language 'fr'; its language values: en, zh"),
 ])
 def test_the_command_says_what_is_wrong(tmp_path, arguments, code, message):
+    export = str(export_file(tmp_path))
+    arguments = [argument.format(export=export) for argument in arguments]
     run = subprocess.run([sys.executable, "-m", "compare", *arguments], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120, env={"PYTHONPATH": str(REPO)})
     assert run.returncode == code and message in run.stderr
@@ -326,6 +331,14 @@ def test_the_board_counts_votes_per_view_and_renders_in_both_languages(tmp_path)
     assert data["controlled"]["controls"] == ["speed", "length", "style"]
     assert {e["covariate"] for e in data["controlled"]["effects"]} >= {"decode", "length"}
     assert json.dumps(data)  # plain data all the way down
+
+
+def test_every_leaderboard_sentence_is_in_both_languages():
+    from compare.texts import STRINGS
+
+    assert set(STRINGS["en"]) == set(STRINGS["zh"])
+    for key, english in STRINGS["en"].items():
+        assert set(re.findall(r"{(\w+)}", english)) == set(re.findall(r"{(\w+)}", STRINGS["zh"][key])), key
 
 
 def test_votes_by_counts_rounds_not_battles():
