@@ -13,13 +13,17 @@ import chainlit as cl
 from chainlit.server import app as chainlit_server
 from fastapi.routing import APIRoute
 
-from chat import commands, engines_view, login_guard, ops, rounds_view, session
-from chat.session import guarded
-from chat.auth import current_config
-from chat.socket_guard import guard_socket
-from config import load_env
-from store import StoreError
-from store.db import migrate_blocking
+from compare import one_blas_thread
+
+one_blas_thread()  # before anything imports numpy
+
+from chat import commands, engines_view, login_guard, ops, rounds_view, session  # noqa: E402
+from chat.auth import current_config  # noqa: E402
+from chat.session import guarded  # noqa: E402
+from chat.socket_guard import guard_socket  # noqa: E402
+from config import load_env  # noqa: E402
+from store import StoreError  # noqa: E402
+from store.db import migrate_blocking  # noqa: E402
 
 # Under `chainlit run -w`, every refresh of the live figures writes a file under
 # .files/, and the file watcher would log each one (~10 lines a second).
@@ -100,6 +104,24 @@ async def on_vote(action: cl.Action) -> dict:
 @guarded
 async def on_leaderboard(action: cl.Action) -> None:
     await commands.run_action("leaderboard")
+
+
+@cl.action_callback("leaderboard_view")
+@guarded
+async def on_leaderboard_view(action: cl.Action) -> None:
+    await commands.run_action("leaderboard", commands.view_arguments(action.payload))
+
+
+@cl.action_callback("export_votes")
+@guarded
+async def on_export_votes(action: cl.Action) -> None:
+    await commands.run_action("export_votes")
+
+
+@cl.action_callback("prompt")
+@guarded
+async def on_prompt(action: cl.Action) -> None:
+    await commands.run_action("prompt")
 
 
 @cl.action_callback("stats")

@@ -72,6 +72,12 @@ class AuthConfig:
 
     users: Mapping[str, str] = field(default_factory=dict)  # identifier -> password hash
     teachers: frozenset[str] = frozenset()
+    votes_per_day: int | None = None  # VOTES_PER_DAY: each person's votes in any 24 hours; None = no cap
+
+    @property
+    def vote_cap(self) -> int | None:
+        """The daily cap on a person's votes: only with login on (without it there is no "person")."""
+        return self.votes_per_day if self.enabled else None
 
     @property
     def enabled(self) -> bool:
@@ -175,12 +181,24 @@ def auth_from_env(env: Mapping[str, str]) -> AuthConfig:
     unknown = sorted(teachers - set(users)) if users else []
     if unknown:
         raise ConfigurationError(f"TEACHERS names {', '.join(unknown)}, who are not in AUTH_USERS.")
+    votes_per_day = _votes_per_day(env.get("VOTES_PER_DAY") or "")
     if users and not env.get("CHAINLIT_AUTH_SECRET"):
         raise ConfigurationError(
             "AUTH_USERS is set, so login is on, but CHAINLIT_AUTH_SECRET is not: run `chainlit create-secret` "
             "and put its output in .env."
         )
-    return AuthConfig(users, teachers)
+    return AuthConfig(users, teachers, votes_per_day)
+
+
+def _votes_per_day(raw: str) -> int | None:
+    raw = raw.strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigurationError(
+            f"VOTES_PER_DAY={raw!r}: give a whole number of votes of at least 1 per person in any 24 hours, "
+            "or leave it empty for no cap.")
+    return int(raw)
 
 
 def current_config() -> AuthConfig:

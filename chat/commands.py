@@ -1,22 +1,25 @@
 """What a message or a button asks for: a reply (single or round), or a report.
 
-`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench` and `/status` are Chainlit
-commands (picked from the composer) and also work typed as text. A message in compare or blind mode
-starts a round; otherwise the session's backend answers.
+`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status` and `/prompt` are Chainlit
+commands (picked from the composer) and also work typed as text; `/leaderboard` takes a filter
+("/leaderboard category=code lang=zh"). A message in compare or blind mode starts a round;
+otherwise the session's backend answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 
 import chainlit as cl
 
 from chat import engines_view, memory, reports, rounds_view, session
 from chat.i18n import text
 
-COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status")
+COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt")
 COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat", "engines": "gauge",
-                 "bench": "timer", "status": "activity"}
+                 "bench": "timer", "status": "activity", "prompt": "shuffle"}
+TAKES_ARGUMENTS = ("leaderboard",)
 
 
 async def announce_commands() -> None:
@@ -35,22 +38,29 @@ def report_actions() -> list[cl.Action]:
             for name in COMMANDS]
 
 
-def typed_command(content: str) -> str | None:
-    """'/stats' typed as a message (nothing else on the line) is the stats command."""
-    word = content.strip()
-    return word[1:] if word.startswith("/") and word[1:] in COMMANDS else None
+def typed_command(content: str) -> tuple[str, str] | None:
+    """(command, arguments) for a command typed as a message: '/stats' alone on the line, or
+    '/leaderboard' with its filter ('/leaderboard category=code'); None for anything else."""
+    typed = content.strip()
+    if not typed.startswith("/"):
+        return None
+    name, _, arguments = typed[1:].partition(" ")
+    if name not in COMMANDS or (arguments.strip() and name not in TAKES_ARGUMENTS):
+        return None
+    return name, arguments.strip()
 
 
 async def on_message(message: cl.Message) -> None:
     if message.command in COMMANDS:
-        await run_command(message.command)
+        arguments = message.content if message.command in TAKES_ARGUMENTS else ""
+        await run_command(message.command, arguments if isinstance(arguments, str) else "")
         return
     user_text = await session.checked_input(message.content, message)
     if user_text is None:
         return
     command = typed_command(user_text)
     if command:
-        await run_command(command)
+        await run_command(*command)
         return
     await answer(user_text)
 
@@ -67,7 +77,7 @@ async def answer(user_text: str) -> None:
         memory.bound_session()
 
 
-async def run_command(name: str) -> None:
+async def run_command(name: str, arguments: str = "") -> None:
     if session.lab().disclosure.unsure:  # a reopened chat whose rounds could not be read: try again
         await rounds_view.restore_hidden_rounds(cl.context.session.thread_id)
     wait = session.lab().disclosure.refusal(name)
@@ -75,7 +85,11 @@ async def run_command(name: str) -> None:
         await session.say(text(wait.key, session.lang(), **wait.values))
         return
     if name == "leaderboard":
-        await reports.show_leaderboard()
+        await reports.show_leaderboard(arguments)
+    elif name == "export_votes":
+        await reports.export_votes()
+    elif name == "prompt":
+        await try_a_set_prompt()
     elif name == "stats":
         await reports.show_stats()
     elif name == "replay":
@@ -110,12 +124,26 @@ async def retry() -> None:
         await cl.context.emitter.task_end()
 
 
-async def run_action(name: str) -> None:
+def view_arguments(payload: object) -> str:
+    """The filter a leaderboard view button carries ("" when there is none or it is not text)."""
+    arguments = payload.get("arguments") if isinstance(payload, dict) else None
+    return arguments if isinstance(arguments, str) else ""
+
+
+async def try_a_set_prompt() -> None:
+    """Send a random prompt of the shipped set in the person's language, as if they had typed
+    it: in a blind round its vote counts under the prompt's category on the leaderboard."""
+    prompt = random.choice(reports.prompt_sets()[session.lang()])
+    await cl.Message(content=prompt, author="You", type="user_message").send()
+    await answer(prompt)
+
+
+async def run_action(name: str, arguments: str = "") -> None:
     """A report button: run it as a task the Stop button can end."""
     chainlit_session = cl.context.session
     chainlit_session.current_task = asyncio.current_task()
     await cl.context.emitter.task_start()
     try:
-        await run_command(name)
+        await run_command(name, arguments)
     finally:
         await cl.context.emitter.task_end()

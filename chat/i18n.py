@@ -2,9 +2,14 @@
 
 Chainlit translates its own chrome (.chainlit/translations); these are the
 strings this app adds. The language comes from the browser (session.language).
+The leaderboard's words live beside the statistics (compare/texts.py, shared
+with the offline `python -m compare`) and are merged in here.
 """
 
 from __future__ import annotations
+
+from compare.texts import STRINGS as LEADERBOARD_STRINGS
+from compare.texts import render
 
 STRINGS: dict[str, dict[str, str]] = {
     "en": {
@@ -81,22 +86,20 @@ STRINGS: dict[str, dict[str, str]] = {
         "vote_too_early": "the round is still running; vote once every column has finished",
         "vote_recorded": "🗳️ Vote recorded. The columns were: {names}.",
         "vote_refused": "⚠️ Vote not recorded: {reason}",
-        "leaderboard_title": "**Leaderboard** (ratings from {blind} blind vote(s); {compare} vote(s) cast with names visible are not rated)",
-        "leaderboard_columns": "# | Backend | Rating | 95% interval | Votes | Wins | Ties | Losses | Both bad | Judged good | Judged bad | Median TTFT (ms) | Median decode (tokens/s) | Replies",
-        "leaderboard_comments": "{commented} of {votes} blind vote(s) came with a comment.",
-        "leaderboard_note_no_votes": "No blind votes yet: vote in blind mode to rate the backends.",
-        "leaderboard_note_few_votes": "Only {votes} vote(s) so far: ratings are rough. Keep voting: about {enough}+ votes, spread over the backend pairs, make the order meaningful.",
-        "leaderboard_note_unvoted_backend": "{backend} has replies but no votes yet, so it has no rating.",
-        "leaderboard_note_few_backend_votes": "{backend} has only {votes} vote(s): its rating is rough until it has {enough}+.",
-        "leaderboard_note_won_every_round": "{backend} won every round it was in ({votes}): only the prior keeps its rating finite, so the real gap may be larger. Compare it with stronger or weaker backends too.",
-        "leaderboard_note_lost_every_round": "{backend} lost every round it was in ({votes}): only the prior keeps its rating finite, so the real gap may be larger. Compare it with stronger or weaker backends too.",
+        "leaderboard_all": "All votes",
+        "leaderboard_export": "Export votes (JSONL)",
+        "export_teachers_only": "Only a teacher may export the votes: the file holds every vote's comment and voter.",
+        "export_ready": "**{votes} vote(s) as {battles} pairwise battle(s)**, one JSON line each, with both sides' texts, figures and settings, the reveal mode and the prompt's category: rate them offline with `python -m compare --votes {name}` (see the README, *Ratings offline*).",
+        "vote_not_rated": "Your comment names {names}, so this vote is kept but not rated: a vote that knows who answered is not blind any more. Leave backend names out of comments to have your votes rated.",
+        "command_prompt": "Try a prompt from the prompt sets (its category counts on the leaderboard)",
+        "action_prompt": "Try a prompt from the set",
         "stats_title": "**This chat's replies ({count})** — from the database; downloads below.",
         "stats_empty": "No replies in this chat yet.",
         "replay_empty": "Nothing to replay yet: send a message first.",
         "replay_progress": "Replaying this chat on every chosen backend: {done}/{total} {bar} ({backend})",
         "replay_title": "**Replay of this chat's {prompts} prompt(s)** on every chosen backend, one after another:",
         "replay_failures": "Failures (first per backend):",
-        "command_leaderboard": "Ratings from blind votes, wins and losses, median figures per backend",
+        "command_leaderboard": "Ratings from blind votes, plain and at equal speed, length and style; add category=… lang=… to filter",
         "command_stats": "Every reply of this chat as a table and chart, with CSV and JSON downloads",
         "command_replay": "Re-run this chat's prompts on every chosen backend and compare",
         "action_leaderboard": "Leaderboard",
@@ -198,22 +201,20 @@ STRINGS: dict[str, dict[str, str]] = {
         "vote_too_early": "这一轮仍在进行；请在所有列完成后投票",
         "vote_recorded": "🗳️ 投票已记录。各列分别是：{names}。",
         "vote_refused": "⚠️ 投票未记录：{reason}",
-        "leaderboard_title": "**排行榜**（评分来自 {blind} 次盲评投票；{compare} 次显示名称时的投票不计入评分）",
-        "leaderboard_columns": "# | 后端 | 评分 | 95% 区间 | 票数 | 胜 | 平 | 负 | 都不好 | 评为好 | 评为差 | TTFT 中位数 (ms) | 解码速度中位数 (tokens/秒) | 回复数",
-        "leaderboard_comments": "{votes} 次盲评投票中有 {commented} 次附有评论。",
-        "leaderboard_note_no_votes": "还没有盲评投票：在盲评模式下投票即可为各后端评分。",
-        "leaderboard_note_few_votes": "目前只有 {votes} 票：评分还很粗略。请继续投票：大约 {enough} 票以上、分布在各对后端之间，排名才有意义。",
-        "leaderboard_note_unvoted_backend": "{backend} 有回复但还没有投票，因此没有评分。",
-        "leaderboard_note_few_backend_votes": "{backend} 只有 {votes} 票：达到 {enough} 票以上之前，它的评分还很粗略。",
-        "leaderboard_note_won_every_round": "{backend} 赢了它参加的每一轮（{votes} 轮）：只是先验让它的评分保持有限，真实差距可能更大。也请把它和更强或更弱的后端比较。",
-        "leaderboard_note_lost_every_round": "{backend} 输了它参加的每一轮（{votes} 轮）：只是先验让它的评分保持有限，真实差距可能更大。也请把它和更强或更弱的后端比较。",
+        "leaderboard_all": "全部投票",
+        "leaderboard_export": "导出投票 (JSONL)",
+        "export_teachers_only": "只有教师可以导出投票：文件中包含每次投票的评论和投票人。",
+        "export_ready": "**{votes} 次投票，共 {battles} 场两两对决**，每场一行 JSON，包含双方的文本、指标和设置、显示方式以及提示词的类别：可用 `python -m compare --votes {name}` 离线评分（见 README 的 *Ratings offline*）。",
+        "vote_not_rated": "您的评论提到了 {names}，因此这次投票已保存但不计入评分：知道是谁回答的投票已不再是盲评。评论中不写后端名称，投票才会计入评分。",
+        "command_prompt": "从提示词集中试一个提示词（它的类别会计入排行榜）",
+        "action_prompt": "从提示词集中试一个",
         "stats_title": "**本对话的回复（{count} 条）** —— 来自数据库；下方可下载。",
         "stats_empty": "本对话还没有回复。",
         "replay_empty": "还没有可重放的内容：请先发送一条消息。",
         "replay_progress": "正在所有选中的后端上重放本对话：{done}/{total} {bar}（{backend}）",
         "replay_title": "**本对话 {prompts} 条提示词的重放**，在每个选中的后端上依次运行：",
         "replay_failures": "失败（每个后端的第一条）：",
-        "command_leaderboard": "盲评评分、胜负和每个后端的中位数指标",
+        "command_leaderboard": "盲评评分（原始评分及在速度、长度、格式相同时的评分）；加 category=… lang=… 可筛选",
         "command_stats": "本对话的每条回复（表格和图表，可下载 CSV 和 JSON）",
         "command_replay": "在每个选中的后端上重新运行本对话的提示词并比较",
         "action_leaderboard": "排行榜",
@@ -243,6 +244,9 @@ STRINGS: dict[str, dict[str, str]] = {
     },
 }
 
+for _lang, _strings in LEADERBOARD_STRINGS.items():
+    STRINGS[_lang].update(_strings)
+
 
 def language_of(locale: str | None) -> str:
     """'zh-CN' / 'zh' -> 'zh'; anything else -> 'en'."""
@@ -250,5 +254,5 @@ def language_of(locale: str | None) -> str:
 
 
 def text(key: str, lang: str = "en", **values: object) -> str:
-    template = STRINGS.get(lang, STRINGS["en"]).get(key) or STRINGS["en"][key]
-    return template.format(**values) if values else template
+    """The string for `key` in `lang` ("en" or "zh"; English where a key has no translation)."""
+    return render(STRINGS, key, lang, **values)

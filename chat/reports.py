@@ -1,12 +1,15 @@
-"""The leaderboard, this chat's figures (/stats) and replaying the chat on every backend.
+"""The leaderboard (and its vote export), this chat's figures (/stats) and replaying the chat
+on every backend.
 
-All three read the database (`store`); the statistics are `compare.ratings`
-and plain Python, the charts Plotly. Chainlit only shows the results.
+All read the database (`store`); the statistics are `compare` (ratings, controlled
+ratings, battles) and plain Python, the charts Plotly. Chainlit only shows the results.
 """
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import functools
 import io
 import json
 import statistics
@@ -18,24 +21,21 @@ import plotly.graph_objects as go
 
 from backends.base import ChatMessage
 from backends.errors import BackendError
+from bench.prompt_sets import BUILT_IN_SETS, BenchPrompt, load_prompt_set, prompt_text
 from chat.flow import Refusal, plan_reply, stored_reply
 from chat.i18n import text
 from chat.session import app_state, current_user, lab, lang, say, screened, session_settings
-from compare.ratings import (
-    Leaderboard,
-    ReplyFigures,
-    RoundVote,
-    build_leaderboard,
-    leaderboard_figure,
-    leaderboard_table_markdown,
-    win_matrix_figure,
-)
-from store import StoredReply, StoreError, VoteRecord
+from compare.battles import FREE_CATEGORY, Battle, BattleView, PromptCatalogue, battles_from_votes, battles_jsonl
+from compare.board import Board, ViewError, board_markdown, build_board, parse_view
+from compare.ratings import ReplyFigures, leaderboard_figure, win_matrix_figure
+from store import StoredReply, StoreError
+from store.records import utc_now
 from timing import RequestRecord
 
 STATS_COLUMNS = ("created_at", "backend", "model", "mode", "status", "first_token_ms", "decode_tokens_per_s",
                  "output_tokens", "ms_per_output_token", "total_s", "prompt")
 FIGURES_LIMIT = 10_000  # stored replies read for the leaderboard's medians
+VIEW_BUTTONS = 8  # category buttons under the leaderboard (the busiest); any other can be typed
 
 
 async def _store_or_say():
@@ -48,52 +48,104 @@ async def _store_or_say():
 # ---------------------------------------------------------------- leaderboard
 
 
-def rated_votes(records: Sequence[VoteRecord]) -> list[RoundVote]:
-    """The stored votes the ratings count (blind ones: names hidden while judging), each with its
-    columns' good/bad judgements and its comment."""
-    return [RoundVote(backends=record.backends, outcome=record.vote.outcome, winner=record.winner_backend,
-                      verdicts=record.verdicts, comment=record.vote.comment)
-            for record in records if record.mode == "blind"]
+@functools.cache
+def _shipped_sets() -> dict[str, tuple[BenchPrompt, ...]]:
+    return {language: tuple(load_prompt_set(language)) for language in BUILT_IN_SETS}
 
 
-def leaderboard_markdown(board: Leaderboard, *, unrated_votes: int, lang_code: str) -> str:
-    """The leaderboard message: title, table (with each backend's good/bad judgements), how many
-    votes came with a comment, and the notes, in the person's language."""
-    titles = [title.strip() for title in text("leaderboard_columns", lang_code).split("|")]
-    parts = [text("leaderboard_title", lang_code, blind=board.total_votes, compare=unrated_votes),
-             leaderboard_table_markdown(board, titles)]
-    if board.total_votes:
-        parts.append(text("leaderboard_comments", lang_code, commented=board.commented_votes,
-                          votes=board.total_votes))
-    notes = [f"- {text('leaderboard_note_' + note.key, lang_code, **note.values)}" for note in board.notes]
-    if notes:
-        parts.append("\n".join(notes))
-    return "\n\n".join(parts)
+def prompt_sets() -> dict[str, tuple[str, ...]]:
+    """The shipped prompt sets' prompts by language ("zh", "en"), read once."""
+    return {language: tuple(prompt_text(prompt) for prompt in prompts) for language, prompts in _shipped_sets().items()}
 
 
-async def show_leaderboard() -> None:
-    """Votes, wins/ties/losses, Bradley-Terry ratings with 95% intervals, the win matrix and
-    median figures per backend. Ratings count blind votes only (names hidden while judging)."""
+@functools.cache
+def prompt_catalogue() -> PromptCatalogue:
+    """Which category and language each line of the shipped prompt sets has (other prompts: "free")."""
+    return PromptCatalogue.from_sets({language: [(prompt_text(prompt), prompt.category) for prompt in prompts]
+                                      for language, prompts in _shipped_sets().items()})
+
+
+def may_export() -> bool:
+    """The export holds every vote's comment and voter: with login on, for teachers only."""
+    return app_state().auth.is_teacher(current_user())
+
+
+def view_choices(battles: Sequence[Battle]) -> tuple[list[str], list[str]]:
+    """The categories and languages a person may filter by: the prompt sets' and any with votes."""
+    categories = sorted({category for category, _ in prompt_catalogue().entries.values()}
+                        | {battle.category for battle in battles} | {FREE_CATEGORY})
+    languages = sorted(set(BUILT_IN_SETS) | {battle.language for battle in battles})
+    return categories, languages
+
+
+def view_actions(board: Board, lang_code: str) -> list[cl.Action]:
+    """Buttons for the views with votes: each language, the busiest categories, and back to all."""
+    def action(label: str, arguments: str) -> cl.Action:
+        return cl.Action(name="leaderboard_view", payload={"arguments": arguments}, label=label)
+
+    actions = [action(text("leaderboard_all", lang_code), "")] if board.view != BattleView() else []
+    actions += [action(f"{language} ({votes})", f"lang={language}") for language, votes in board.languages]
+    actions += [action(f"{category} ({votes})", f"category={category}")
+                for category, votes in board.categories[:VIEW_BUTTONS]]
+    return actions
+
+
+async def show_leaderboard(arguments: str = "") -> None:
+    """Plain and controlled Bradley-Terry ratings with ranks, the effects of speed, length and
+    style, counts and median figures per backend, for all votes or one category / language
+    (`arguments`, e.g. "category=code lang=zh"), with buttons for the views and the export."""
     lang_code = lang()
     store = await _store_or_say()
     if store is None:
         return
     try:
-        records = await store.votes()
-        replies = await store.replies(limit=FIGURES_LIMIT)
+        records = await store.votes(with_replies=True)
+        speeds = await store.reply_speeds(limit=FIGURES_LIMIT)
     except StoreError as error:
         await say(text("storage_failed", lang_code, problem=str(error)))
         return
-    votes = rated_votes(records)
+    # Markdown counts and a few hundred ms of numpy for thousands of votes: off the event loop,
+    # so that the other chats go on meanwhile.
+    battles = await asyncio.to_thread(battles_from_votes, records, prompt_catalogue())
+    try:
+        view = parse_view(arguments, *view_choices(battles))
+    except ViewError as error:
+        await say(text(error.key, lang_code, **error.values))
+        return
     figures = [ReplyFigures(r.backend, r.first_token_s, r.decode_tokens_per_s)
-               for r in replies if r.status == "completed"]
-    board = build_leaderboard(votes, figures)
-    content = leaderboard_markdown(board, unrated_votes=len(records) - len(votes), lang_code=lang_code)
+               for r in speeds if r.status == "completed"]
+    board = await asyncio.to_thread(build_board, battles, figures, view)
     elements = []
-    if board.rated_rows:
-        elements = [cl.Plotly(name="ratings", figure=leaderboard_figure(board), display="inline"),
-                    cl.Plotly(name="win_matrix", figure=win_matrix_figure(board), display="inline")]
-    await say(content, author="Leaderboard", elements=elements)
+    if board.plain.rated_rows:
+        elements = [cl.Plotly(name="ratings", display="inline", figure=leaderboard_figure(
+                        board.plain, board.controlled.ratings if board.controlled else None)),
+                    cl.Plotly(name="win_matrix", figure=win_matrix_figure(board.plain), display="inline")]
+    actions = view_actions(board, lang_code)
+    if records and may_export():
+        actions.append(cl.Action(name="export_votes", payload={}, label=text("leaderboard_export", lang_code),
+                                 icon="download"))
+    await say(board_markdown(board, lang_code), author="Leaderboard", elements=elements, actions=actions)
+
+
+async def export_votes() -> None:
+    """Every stored vote as battle JSONL (compare/battles.py documents the fields), as a download."""
+    lang_code = lang()
+    if not may_export():
+        await say(text("export_teachers_only", lang_code))
+        return
+    store = await _store_or_say()
+    if store is None:
+        return
+    try:
+        records = await store.votes(with_replies=True)
+    except StoreError as error:
+        await say(text("storage_failed", lang_code, problem=str(error)))
+        return
+    battles = await asyncio.to_thread(battles_from_votes, records, prompt_catalogue())
+    name = f"votes-{utc_now():%Y-%m-%d}.jsonl"
+    await say(text("export_ready", lang_code, votes=len(records), battles=len(battles), name=name),
+              author="Leaderboard", elements=[cl.File(name=name, content=battles_jsonl(battles),
+                                                     mime="application/jsonl", display="inline")])
 
 
 # ---------------------------------------------------------------- this chat's figures

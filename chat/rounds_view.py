@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import chainlit as cl
@@ -36,8 +36,8 @@ from chat.session import (
 from compare.ratings import OUTCOMES
 from chat.rounds import (Column, RevealPace, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props,
                          run_order_for)
-from store import CompareRound, RoundColumn, SavedLater, StoreError, Vote
-from store.records import utc_now
+from store import CompareRound, RoundColumn, SavedLater, StoreError, Vote, names_in_comment
+from store.records import UNRATED_COMMENT_NAMES_BACKEND, utc_now
 
 RECENT_ROUNDS = 20  # rounds per session whose element a vote can still reveal
 MAX_COMMENT_CHARS = 2000
@@ -165,6 +165,7 @@ async def _save_round(round_id: str, user_text: str, view: RoundView) -> Notice 
         created_at=utc_now(), prompt=user_text, mode="blind" if view.settings.blind else "compare",
         run_order=view.run_order,
         columns=tuple(RoundColumn(label=c.label, backend=c.backend) for c in view.columns),
+        reveal=view.settings.reveal if view.settings.blind else None,
     )
     return await _stored(store.save_round(compare_round))
 
@@ -288,15 +289,20 @@ async def vote(payload: Any) -> dict:
         return await _vote_on_stored_round(store, ballot, lang_code)
     if not view.final:
         return await _vote_refused(text("vote_too_early", lang_code))
+    if view.settings.blind:
+        ballot, named = _set_apart_if_named(ballot, [c.backend for c in view.columns],
+                                            [part for c in view.columns for part in (c.backend_label, c.model)])
+    else:
+        named = ()
     try:
-        await store.cast_vote(ballot)
+        await store.cast_vote(ballot, votes_per_day=app_state().auth.vote_cap)
     except StoreError as error:
         return await _vote_refused(str(error))
     view.vote = _vote_shown(ballot)
     lab().disclosure.reveal(ballot.round_id)
     view.element.props = view.props(lang_code)
     await view.element.update()
-    return await _vote_recorded(view.element.props, lang_code)
+    return await _vote_recorded(view.element.props, lang_code, named)
 
 
 async def _vote_on_stored_round(store, ballot: Vote, lang_code: str) -> dict:
@@ -310,8 +316,13 @@ async def _vote_on_stored_round(store, ballot: Vote, lang_code: str) -> dict:
     revealed = await store.revealed_view(ballot.round_id)
     if revealed is None:
         return await _vote_refused(text("vote_round_unfinished", lang_code))
+    named: tuple[str, ...] = ()
+    if stored.mode == "blind":
+        shown = [column for column in revealed.get("columns") or [] if isinstance(column, dict)]
+        ballot, named = _set_apart_if_named(ballot, [column.backend for column in stored.columns],
+                                            [str(c.get(key) or "") for c in shown for key in ("backend", "model")])
     try:
-        await store.cast_vote(ballot)
+        await store.cast_vote(ballot, votes_per_day=app_state().auth.vote_cap)
     except StoreError as error:
         return await _vote_refused(str(error))
     lab().disclosure.reveal(ballot.round_id)
@@ -324,18 +335,32 @@ async def _vote_on_stored_round(store, ballot: Vote, lang_code: str) -> dict:
     else:  # its element was never kept: show the revealed round anew
         await cl.Message(content="", author=APP_AUTHOR,
                          elements=[MetricsElement(name="Metrics", props=props, display="inline")]).send()
-    return await _vote_recorded(props, lang_code)
+    return await _vote_recorded(props, lang_code, named)
+
+
+def _set_apart_if_named(ballot: Vote, names: list[str], shown: list[str]) -> tuple[Vote, tuple[str, ...]]:
+    """A blind round's ballot, marked "kept but not rated" when its comment names one of the
+    round's backends (configured name, label or model id), with the names it gave."""
+    registry = app_state().registry
+    labels = [registry.get(name).label for name in names if name in registry.names]
+    named = names_in_comment(ballot.comment, [*names, *labels, *shown])
+    if not named:
+        return ballot, ()
+    return replace(ballot, unrated_reason=UNRATED_COMMENT_NAMES_BACKEND), named
 
 
 def _vote_shown(ballot: Vote) -> dict:
     return {"outcome": ballot.outcome, "winner": ballot.winner_label, "judgements": ballot.judgements}
 
 
-async def _vote_recorded(props: dict, lang_code: str) -> dict:
-    """Name every column of the revealed round (props as round_props made them)."""
+async def _vote_recorded(props: dict, lang_code: str, named: tuple[str, ...] = ()) -> dict:
+    """Name every column of the revealed round (props as round_props made them), and say so when
+    the vote is kept but not rated because its comment named a backend."""
     names = ", ".join(f"**{c['label']}** = {c.get('backend') or '?'}" + (f" (`{c['model']}`)" if c.get("model") else "")
                       for c in props.get("columns") or [])
     message = text("vote_recorded", lang_code, names=names)
+    if named:
+        message += " " + text("vote_not_rated", lang_code, names=", ".join(named))
     await say(message)
     return {"ok": True, "message": message}
 

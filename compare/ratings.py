@@ -24,13 +24,19 @@ replacement, refit, take the 2.5th and 97.5th percentiles. Rounds with the
 same pairwise outcome are interchangeable, so a resample is drawn as a
 multinomial over the distinct kinds of round, and all resamples are fitted at
 once as one batch of small matrices.
+
+A backend's rank respects those intervals (Chatbot Arena's rule): 1 + the
+number of backends whose interval lies wholly above its own, so backends whose
+intervals overlap share a rank. Ratings with speed, length and style held
+apart are compare.controlled; votes as a dataset are compare.battles.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -172,6 +178,7 @@ class LeaderboardRow:
     median_first_token_s: float | None
     median_decode_tokens_per_s: float | None
     replies: int
+    rank: int | None = None  # interval_ranks: tied with every backend whose interval overlaps its own
 
 
 @dataclass(frozen=True)
@@ -261,7 +268,7 @@ def bradley_terry(
     index = _index(backends)
     if not index:
         return {}
-    ratings = _ratings_from_log_strengths(_fit_log_strengths(_win_matrix(pairs, index), prior_ties_per_pair))
+    ratings = ratings_from_log_strengths(_fit_log_strengths(_win_matrix(pairs, index), prior_ties_per_pair))
     return {name: float(ratings[i]) for name, i in index.items()}
 
 
@@ -293,17 +300,30 @@ def rate_backends(
     kind_wins = np.stack([_win_matrix(pairwise_outcomes(example), index) for example in example_of_kind.values()])
     kind_wins = kind_wins.reshape(len(counts), size * size)
 
-    point = _ratings_from_log_strengths(
+    point = ratings_from_log_strengths(
         _fit_log_strengths((counts @ kind_wins).reshape(size, size), prior_ties_per_pair)
     )
     rng = np.random.default_rng(seed)
     resampled_counts = rng.multinomial(len(votes), counts / len(votes), size=bootstrap_samples)
     resampled_wins = (resampled_counts @ kind_wins).reshape(bootstrap_samples, size, size)
-    resampled = _ratings_from_log_strengths(_fit_log_strengths(resampled_wins, prior_ties_per_pair))
+    resampled = ratings_from_log_strengths(_fit_log_strengths(resampled_wins, prior_ties_per_pair))
     tail = (100.0 - INTERVAL_PERCENT) / 2
     low, high = np.percentile(resampled, [tail, 100.0 - tail], axis=0)
     return {
         name: Rating(name, float(point[i]), float(low[i]), float(high[i])) for name, i in index.items()
+    }
+
+
+def interval_ranks(intervals: Mapping[str, tuple[float, float]]) -> dict[str, int]:
+    """Ranks that respect uncertainty (Chatbot Arena's rule): 1 + the number of backends whose
+    interval lies wholly above this one's (their lower bound above its upper bound).
+
+    Backends whose intervals overlap share a rank, so a rank only says "behind these" where the
+    votes show it; `intervals` maps each backend to its (low, high).
+    """
+    return {
+        name: 1 + sum(1 for other, (other_low, _) in intervals.items() if other != name and other_low > high)
+        for name, (_, high) in intervals.items()
     }
 
 
@@ -321,13 +341,14 @@ def build_leaderboard(
         votes, bootstrap_samples=bootstrap_samples, seed=seed, prior_ties_per_pair=prior_ties_per_pair
     )
     names = list(dict.fromkeys([n for v in votes for n in v.backends] + [f.backend for f in reply_figures]))
-    rows = [_row(name, votes, reply_figures, ratings.get(name)) for name in names]
+    ranks = interval_ranks({name: (rating.ci_low, rating.ci_high) for name, rating in ratings.items()})
+    rows = [replace(_row(name, votes, reply_figures, ratings.get(name)), rank=ranks.get(name)) for name in names]
     # Unrated last (by name); equal ratings by name, so the order never depends on input order.
     rows.sort(key=lambda r: (r.rating is None, -(r.rating or 0.0), r.backend))
     rated = [row.backend for row in rows if row.rating is not None]
     return Leaderboard(
         rows=tuple(rows),
-        matchups=tuple(_matchup(a, b, votes) for a in rated for b in rated if a != b),
+        matchups=_matchups(votes, rated),
         total_votes=len(votes),
         commented_votes=sum(1 for vote in votes if vote.comment.strip()),
         notes=_notes(rows, len(votes)),
@@ -350,13 +371,10 @@ def leaderboard_table_markdown(board: Leaderboard, titles: Sequence[str] = TABLE
         "| " + " | ".join(titles) + " |",
         "|---:|---|" + "---:|" * (len(TABLE_TITLES) - 2),
     ]
-    rank = 0
     for row in board.rows:
-        if row.rating is not None:
-            rank += 1
         interval = "–" if row.ci_low is None else f"{row.ci_low:.0f} – {row.ci_high:.0f}"
         cells = [
-            str(rank) if row.rating is not None else "–",
+            "–" if row.rank is None else str(row.rank),
             row.backend.replace("|", "\\|"),
             _format(row.rating, "{:.0f}"),
             interval,
@@ -375,37 +393,48 @@ def leaderboard_table_markdown(board: Leaderboard, titles: Sequence[str] = TABLE
     return "\n".join(lines)
 
 
-def leaderboard_figure(board: Leaderboard) -> go.Figure:
-    """Ratings as dots with 95% interval whiskers, best at the top.
+def leaderboard_figure(board: Leaderboard, controlled: Mapping[str, Rating] | None = None) -> go.Figure:
+    """Ratings as dots with 95% interval whiskers, best at the top; with `controlled` (ratings
+    at equal speed, length and style), a second dot per backend beside the plain one.
 
     Dots, not bars from zero: ratings sit around 1000 and the differences
     that matter are tens of points, which bars from zero would flatten.
     """
     rated = board.rated_rows
-    figure = go.Figure(
-        go.Scatter(
-            x=[row.rating for row in rated],
-            y=[row.backend for row in rated],
-            mode="markers",
-            name="Rating (95% interval)",
-            error_x=dict(
-                type="data",
-                symmetric=False,
-                array=[row.ci_high - row.rating for row in rated],
-                arrayminus=[row.rating - row.ci_low for row in rated],
-            ),
-            hovertemplate="%{y}: %{x:.0f} points<extra></extra>",
-        )
-    )
+    figure = go.Figure(_rating_dots([(row.backend, row.rating, row.ci_low, row.ci_high) for row in rated],
+                                    "Rating (95% interval)"))
+    if controlled:
+        shown = [controlled[row.backend] for row in rated if row.backend in controlled]
+        figure.add_trace(_rating_dots([(r.backend, r.rating, r.ci_low, r.ci_high) for r in shown],
+                                      "At equal speed, length and style (95% interval)", symbol="diamond"))
     figure.add_vline(x=RATING_MEAN, line_dash="dot", line_color="grey")
     figure.update_layout(
         title=dict(text=f"Ratings from {board.total_votes} blind votes"),
         xaxis_title="Rating (points; mean 1000; +400 points = 10:1 odds of being preferred)",
         yaxis_title="Backend",
         yaxis=dict(autorange="reversed"),
-        showlegend=False,
+        showlegend=bool(controlled),
+        legend=dict(orientation="h", y=-0.25),
     )
     return figure
+
+
+def _rating_dots(points: Sequence[tuple[str, float, float, float]], name: str, symbol: str = "circle") -> go.Scatter:
+    """(backend, rating, low, high) as dots with asymmetric interval whiskers."""
+    return go.Scatter(
+        x=[rating for _, rating, _, _ in points],
+        y=[backend for backend, _, _, _ in points],
+        mode="markers",
+        name=name,
+        marker=dict(symbol=symbol, size=9),
+        error_x=dict(
+            type="data",
+            symmetric=False,
+            array=[high - rating for _, rating, _, high in points],
+            arrayminus=[rating - low for _, rating, low, _ in points],
+        ),
+        hovertemplate="%{y}: %{x:.0f} points<extra>" + name.split(" (")[0] + "</extra>",
+    )
 
 
 def win_matrix_figure(board: Leaderboard) -> go.Figure:
@@ -519,7 +548,8 @@ def _fit_log_strengths(wins: np.ndarray, prior_ties_per_pair: float) -> np.ndarr
     )
 
 
-def _ratings_from_log_strengths(log_strengths: np.ndarray) -> np.ndarray:
+def ratings_from_log_strengths(log_strengths: np.ndarray) -> np.ndarray:
+    """Natural-log strengths (mean 0) -> rating points (mean 1000, 400 points = 10:1 odds)."""
     return RATING_MEAN + RATING_POINTS_PER_TENFOLD_ODDS * log_strengths / math.log(10)
 
 
@@ -549,18 +579,17 @@ def _row(
     )
 
 
-def _matchup(backend: str, opponent: str, votes: Sequence[RoundVote]) -> Matchup:
-    wins = 0.0
-    comparisons = 0
+def _matchups(votes: Sequence[RoundVote], rated: Sequence[str]) -> tuple[Matchup, ...]:
+    """Head-to-head records of every ordered pair of rated backends, in one pass over the votes."""
+    wins: dict[tuple[str, str], float] = defaultdict(float)
+    comparisons: dict[tuple[str, str], int] = defaultdict(int)
     for vote in votes:
         for pair in pairwise_outcomes(vote):
-            if (pair.backend, pair.opponent) == (backend, opponent):
-                wins += pair.backend_score
-                comparisons += 1
-            elif (pair.backend, pair.opponent) == (opponent, backend):
-                wins += 1.0 - pair.backend_score
-                comparisons += 1
-    return Matchup(backend, opponent, wins, comparisons)
+            wins[pair.backend, pair.opponent] += pair.backend_score
+            wins[pair.opponent, pair.backend] += 1.0 - pair.backend_score
+            comparisons[pair.backend, pair.opponent] += 1
+            comparisons[pair.opponent, pair.backend] += 1
+    return tuple(Matchup(a, b, wins[a, b], comparisons[a, b]) for a in rated for b in rated if a != b)
 
 
 def _notes(rows: Sequence[LeaderboardRow], total_votes: int) -> tuple[LeaderboardNote, ...]:

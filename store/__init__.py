@@ -16,14 +16,17 @@ from store.errors import (
     SavedLater,
     SchemaTooNew,
     StoreError,
+    VoteLimitReached,
     VoteRejected,
 )
-from store.records import CompareRound, RoundColumn, StoredReply, Vote, VoteRecord, check_vote
+from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, Vote, VoteRecord,
+                           check_vote, names_in_comment)
 from store.schema import SCHEMA_VERSION
 from store.urls import database_url, mask_password, normalise_url
 
 __all__ = [
-    "SCHEMA_VERSION", "CompareRound", "ConfigurationError", "DatabaseUnavailable", "RoundColumn",
-    "NotSaved", "RoundNotFound", "SavedLater", "SchemaTooNew", "Store", "StoreError", "StoredReply", "Vote", "VoteRecord",
-    "VoteRejected", "check_vote", "database_url", "mask_password", "normalise_url",
+    "SCHEMA_VERSION", "ColumnReply", "CompareRound", "ConfigurationError", "DatabaseUnavailable", "NotSaved",
+    "ReplySpeed", "RoundColumn", "RoundNotFound", "SavedLater", "SchemaTooNew", "Store", "StoreError", "StoredReply",
+    "Vote", "VoteLimitReached", "VoteRecord", "VoteRejected", "check_vote", "database_url", "mask_password",
+    "names_in_comment", "normalise_url",
 ]

@@ -15,7 +15,7 @@ import asyncio
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 from urllib.parse import quote
@@ -30,9 +30,10 @@ from sqlalchemy.schema import CreateColumn
 
 from store import schema
 from store.errors import (DatabaseUnavailable, RoundNotFound, SavedLater, SchemaTooNew, StoreError,
-                          VoteRejected)
+                          VoteLimitReached, VoteRejected)
 from store.outbox import Outbox, Unavailable, outbox_for
-from store.records import CompareRound, RoundColumn, StoredReply, Vote, VoteRecord, check_vote, utc_now
+from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, Vote, VoteRecord,
+                           check_vote, utc_now)
 from store.urls import database_url, mask_password, normalise_url
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -40,6 +41,9 @@ POSTGRES_CONNECT_TIMEOUT_S = 5.0
 # Any constant works; it only has to be the same for every process migrating this database.
 _POSTGRES_MIGRATION_LOCK = 7_311_999
 _REASON_CHARS = 160
+# With the voter's hash as the second key: one person's votes are cast one at a time (the daily cap).
+_POSTGRES_VOTER_LOCK = 7_312_000
+VOTE_CAP_WINDOW = timedelta(hours=24)
 
 
 # ---------------------------------------------------------------- engines
@@ -317,6 +321,14 @@ class Store:
         async with self._transaction() as connection:
             return [StoredReply(**row._mapping) for row in await connection.execute(query)]
 
+    async def reply_speeds(self, limit: int = 10_000) -> list[ReplySpeed]:
+        """The newest replies' speed figures (no text, no timeline), newest first."""
+        table = schema.replies
+        query = (select(table.c.backend, table.c.status, table.c.first_token_s, table.c.decode_tokens_per_s)
+                 .order_by(table.c.created_at.desc(), table.c.id).limit(limit))
+        async with self._transaction() as connection:
+            return [ReplySpeed(**row._mapping) for row in await connection.execute(query)]
+
     # --- rounds ----------------------------------------------------------
 
     async def save_round(self, round_: CompareRound) -> None:
@@ -387,8 +399,10 @@ class Store:
 
     # --- votes -----------------------------------------------------------
 
-    async def cast_vote(self, vote: Vote) -> None:
-        """Store a vote; raise `VoteRejected` for an unknown round, a second vote, or forged content.
+    async def cast_vote(self, vote: Vote, *, votes_per_day: int | None = None) -> None:
+        """Store a vote; raise `VoteRejected` for an unknown round, a second vote by the same person
+        (with login off: a second vote on the round), or forged content, and `VoteLimitReached`
+        when a logged-in person already cast `votes_per_day` votes in the last 24 hours.
 
         A vote is checked against its round and the votes already cast, so it is never kept for
         later: with the database unavailable (or rows still waiting to be written, the round among
@@ -402,26 +416,37 @@ class Store:
                 if round_ is None:
                     raise VoteRejected(f"Round {vote.round_id} does not exist, so it cannot be voted on.")
                 check_vote(vote, round_)
-                if await _has_vote(connection, vote.round_id):
-                    raise _already_voted(vote.round_id)
+                if await _has_vote(connection, vote):
+                    raise _already_voted(vote)
+                if votes_per_day is not None and vote.user_identifier is not None:
+                    await _check_daily_cap(connection, vote, votes_per_day)
                 await connection.execute(insert(schema.votes).values(**asdict(vote)))
         except IntegrityError:
-            # Another cast passed the check above at the same moment; the unique constraint chose it.
+            # Another cast passed the check above at the same moment; the unique index chose it.
             async with self._transaction() as connection:
-                if await _has_vote(connection, vote.round_id):
-                    raise _already_voted(vote.round_id) from None
+                if await _has_vote(connection, vote):
+                    raise _already_voted(vote) from None
             raise
 
-    async def votes(self) -> list[VoteRecord]:
-        """Every vote, oldest first, with its round's columns (label -> backend, in order)."""
-        query = (select(schema.votes, schema.compare_rounds.c.mode)
-                 .join(schema.compare_rounds, schema.compare_rounds.c.id == schema.votes.c.round_id)
+    async def votes(self, *, with_replies: bool = False) -> list[VoteRecord]:
+        """Every vote, oldest first, with its round's columns (label -> backend, in order), prompt
+        and reveal; with `with_replies`, also each column's reply (text, figures, settings)."""
+        rounds = schema.compare_rounds
+        query = (select(schema.votes, rounds.c.mode, rounds.c.prompt, rounds.c.reveal)
+                 .join(rounds, rounds.c.id == schema.votes.c.round_id)
                  .order_by(schema.votes.c.created_at, schema.votes.c.id))
         async with self._transaction() as connection:
             rows = (await connection.execute(query)).all()
             columns = await _columns_by_round(connection, [row.round_id for row in rows])
+            replies = {}
+            if with_replies:
+                replies = await _column_replies(connection, [
+                    column.reply_id for row in rows for column in columns[row.round_id] if column.reply_id])
         return [
-            VoteRecord(vote=_vote_from_row(row._mapping), mode=row.mode, columns=columns[row.round_id])
+            VoteRecord(vote=_vote_from_row(row._mapping), mode=row.mode, columns=columns[row.round_id],
+                       prompt=row.prompt, reveal=row.reveal,
+                       replies=tuple(replies.get(column.reply_id) for column in columns[row.round_id])
+                       if with_replies else ())
             for row in rows
         ]
 
@@ -430,18 +455,56 @@ class Store:
 _ROUND_FIELDS = tuple(column for column in schema.compare_rounds.c if column.name != "revealed_view")
 
 
-def _already_voted(round_id: str) -> VoteRejected:
-    return VoteRejected(f"Round {round_id} already has a vote; each round can be voted on once.")
+def _already_voted(vote: Vote) -> VoteRejected:
+    if vote.user_identifier is None:
+        return VoteRejected(f"Round {vote.round_id} already has a vote; each round can be voted on once.")
+    return VoteRejected(f"Round {vote.round_id} already has a vote from you; each person votes once per round.")
 
 
 def _vote_from_row(row: Any) -> Vote:
     return Vote(**{name: row[name] for name in (
-        "round_id", "outcome", "winner_label", "judgements", "comment", "user_identifier", "created_at")})
+        "round_id", "outcome", "winner_label", "judgements", "comment", "user_identifier", "created_at",
+        "unrated_reason")})
 
 
-async def _has_vote(connection: AsyncConnection, round_id: str) -> bool:
-    query = select(schema.votes.c.id).where(schema.votes.c.round_id == round_id)
+async def _has_vote(connection: AsyncConnection, vote: Vote) -> bool:
+    """Whether this voter (with login off: the one anonymous voter) has voted on the round."""
+    voter = schema.votes.c.user_identifier
+    query = select(schema.votes.c.id).where(
+        schema.votes.c.round_id == vote.round_id,
+        voter.is_(None) if vote.user_identifier is None else voter == vote.user_identifier)
     return await connection.scalar(query) is not None
+
+
+async def _check_daily_cap(connection: AsyncConnection, vote: Vote, votes_per_day: int) -> None:
+    """Raise `VoteLimitReached` if the voter cast `votes_per_day` votes in the 24 hours before this one."""
+    if connection.dialect.name == "postgresql":  # SQLite's BEGIN IMMEDIATE already serialises casts
+        await connection.execute(text("SELECT pg_advisory_xact_lock(:lock, hashtext(:voter))"),
+                                 {"lock": _POSTGRES_VOTER_LOCK, "voter": vote.user_identifier})
+    since = vote.created_at - VOTE_CAP_WINDOW
+    recent = (await connection.execute(
+        select(schema.votes.c.created_at)
+        .where(schema.votes.c.user_identifier == vote.user_identifier, schema.votes.c.created_at > since)
+        .order_by(schema.votes.c.created_at))).scalars().all()
+    if len(recent) >= votes_per_day:
+        next_vote_at = recent[len(recent) - votes_per_day] + VOTE_CAP_WINDOW
+        raise VoteLimitReached(
+            f"You have cast {len(recent)} votes in the last 24 hours, the most allowed per person "
+            f"(VOTES_PER_DAY={votes_per_day}); you can vote again from {next_vote_at:%Y-%m-%d %H:%M} UTC."
+        )
+
+
+async def _column_replies(connection: AsyncConnection, reply_ids: Iterable[str]) -> dict[str, ColumnReply]:
+    """The replies with these ids (text, figures and settings, not the timeline), by id."""
+    reply_ids = sorted(set(reply_ids))
+    fields = [getattr(schema.replies.c, name) for name in ColumnReply.__dataclass_fields__]
+    found: dict[str, ColumnReply] = {}
+    # In slices: one IN list per query stays well below every driver's parameter limit.
+    for start in range(0, len(reply_ids), 500):
+        query = select(schema.replies.c.id, *fields).where(schema.replies.c.id.in_(reply_ids[start:start + 500]))
+        for row in await connection.execute(query):
+            found[row.id] = ColumnReply(**{name: row._mapping[name] for name in ColumnReply.__dataclass_fields__})
+    return found
 
 
 async def _load_round(connection: AsyncConnection, round_id: str) -> CompareRound | None:

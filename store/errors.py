@@ -44,3 +44,7 @@ class RoundNotFound(StoreError):
 
 class VoteRejected(StoreError):
     """A vote that cannot be accepted: unknown round, second vote, or forged content."""
+
+
+class VoteLimitReached(VoteRejected):
+    """A logged-in person has cast as many votes in the last 24 hours as VOTES_PER_DAY allows."""

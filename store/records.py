@@ -3,14 +3,16 @@
 A `StoredReply` is one streamed answer with its figures; a `CompareRound`
 is a compare or blind round (which backend ran in which column); a `Vote`
 is the user's verdict on a round. `check_vote` holds the rules a vote must
-follow; it is pure so the rules can be tested without a database.
+follow and `names_in_comment` finds a comment that names a backend; both are
+pure so the rules can be tested without a database.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterable
 
 from store.errors import VoteRejected
 
@@ -20,6 +22,11 @@ ROUND_MODES = ("compare", "blind")
 RUN_ORDERS = ("sequential", "concurrent")
 VOTE_OUTCOMES = ("win", "tie", "both_bad")
 JUDGEMENTS = ("good", "bad")
+REVEALS = ("finished", "pace")  # how a blind round showed its text before the vote
+# Why a vote is kept but not rated. A comment that names a backend shows the voter knew (or
+# guessed) who answered, so the vote is not blind any more (Chatbot Arena drops such votes too).
+UNRATED_COMMENT_NAMES_BACKEND = "comment_names_backend"
+UNRATED_REASONS = (UNRATED_COMMENT_NAMES_BACKEND,)
 
 
 def utc_now() -> datetime:
@@ -89,10 +96,15 @@ class CompareRound:
     mode: str  # compare | blind
     run_order: str  # sequential | concurrent
     columns: tuple[RoundColumn, ...]
+    # A blind round's reveal (finished | pace): whether its text showed at some engine's pace
+    # before the vote. None for a compare round (names and figures were shown) and older rounds.
+    reveal: str | None = None
 
     def __post_init__(self) -> None:
         _require_choice("CompareRound", "mode", self.mode, ROUND_MODES)
         _require_choice("CompareRound", "run_order", self.run_order, RUN_ORDERS)
+        if self.reveal is not None:
+            _require_choice("CompareRound", "reveal", self.reveal, REVEALS)
         _require_aware("CompareRound", self.created_at)
         object.__setattr__(self, "columns", tuple(self.columns))
         labels = self.labels
@@ -118,18 +130,59 @@ class Vote:
     comment: str = ""
     user_identifier: str | None = None
     created_at: datetime = field(default_factory=utc_now)
+    unrated_reason: str | None = None  # kept but not rated (one of UNRATED_REASONS), else None
 
     def __post_init__(self) -> None:
         _require_aware("Vote", self.created_at)
+        if self.unrated_reason is not None:
+            _require_choice("Vote", "unrated_reason", self.unrated_reason, UNRATED_REASONS)
+
+
+@dataclass(frozen=True)
+class ReplySpeed:
+    """A stored reply's speed figures alone (the leaderboard's medians), without text or timeline."""
+
+    backend: str
+    status: str
+    first_token_s: float | None
+    decode_tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
+class ColumnReply:
+    """What one column of a voted round answered, for the ratings' controls and the vote export:
+    the reply's text, figures and settings, without its timeline."""
+
+    backend_label: str
+    model: str
+    reply_text: str
+    status: str
+    first_token_s: float | None
+    decode_tokens_per_s: float | None
+    output_tokens: int
+    total_s: float
+    settings_sent: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class VoteRecord:
-    """A stored vote with its round's columns, in column order: what a leaderboard needs."""
+    """A stored vote with its round's columns, in column order: what a leaderboard needs.
+
+    `prompt` and `reveal` are the round's; `replies` holds each column's reply (None where the
+    column has none) when they were asked for (`Store.votes(with_replies=True)`), else is empty.
+    """
 
     vote: Vote
     mode: str
     columns: tuple[RoundColumn, ...]
+    prompt: str = ""
+    reveal: str | None = None
+    replies: tuple[ColumnReply | None, ...] = ()
+
+    @property
+    def rated(self) -> bool:
+        """Whether the ratings count this vote: blind (names hidden while judging) and not set apart."""
+        return self.mode == "blind" and self.vote.unrated_reason is None
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -173,3 +226,20 @@ def check_vote(vote: Vote, round_: CompareRound) -> None:
         raise VoteRejected(f"Column {vote.winner_label} cannot both win and be judged bad.")
     if vote.outcome == "both_bad" and "good" in vote.judgements.values():
         raise VoteRejected("A 'both_bad' vote cannot judge a column good.")
+
+
+def names_in_comment(comment: str, identities: Iterable[str]) -> tuple[str, ...]:
+    """The identities (backend names, labels, model ids) that `comment` names, case-insensitively,
+    in the order given (one per spelling that differs only in case).
+
+    A name counts as a whole word: letters or digits right before or after it make it part of a
+    longer word ("tgi" is not named by "stgis"), while punctuation and Chinese text around it do
+    not ("vLLM很快" names vLLM).
+    """
+    lowered = comment.casefold()
+    named: dict[str, str] = {}  # casefolded -> as first given, so "vllm" and "vLLM" count once
+    for identity in (identity.strip() for identity in identities):
+        key = identity.casefold()
+        if key and key not in named and re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", lowered):
+            named[key] = identity
+    return tuple(named.values())

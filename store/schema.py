@@ -8,8 +8,8 @@ and a JSON list on SQLite (store/chainlit_layer.py bridges what Chainlit sends).
 
 The app's tables: `replies` (one per streamed answer, with its figures),
 `compare_rounds` + `round_columns` (a compare or blind round and which backend
-each column ran), `votes` (at most one per round, enforced by a unique
-constraint) and `schema_version` (what `Store.migrate()` has applied).
+each column ran), `votes` (one per person per round, enforced by two unique
+indexes) and `schema_version` (what `Store.migrate()` has applied).
 
 Changing the schema: bump `SCHEMA_VERSION`. A new table or a new column needs
 nothing else (migrate() creates missing tables and adds missing columns; a new
@@ -35,17 +35,14 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     Text,
-    UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Connection
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 2  # 2: compare_rounds.revealed_view
-
-# Steps that bring an existing database from version N-1 to N, beyond adding
-# tables and columns. Each takes the open (synchronous) connection.
-MIGRATION_STEPS: dict[int, Callable[[Connection], None]] = {}
+# 2: compare_rounds.revealed_view. 3: compare_rounds.reveal, votes.unrated_reason, one vote per
+# person per round (the unique constraint on round_id becomes two unique indexes).
+SCHEMA_VERSION = 3
 
 JsonDocument = JSON().with_variant(JSONB(), "postgresql")
 TextList = JSON().with_variant(ARRAY(Text()), "postgresql")
@@ -192,6 +189,8 @@ compare_rounds = Table(
     Column("prompt", Text, nullable=False),
     Column("mode", Text, nullable=False),
     Column("run_order", Text, nullable=False),
+    # How a blind round showed its text before the vote (finished | pace); None for compare rounds.
+    Column("reveal", Text),
     # A round's element as it shows once voted on (names, models, figures), for a vote cast after
     # the chat was reopened. Kept here, never in Chainlit's elements table: the browser receives
     # those rows when the chat is reopened, and a blind round's names must wait for the vote.
@@ -218,12 +217,49 @@ votes = Table(
     Column("comment", Text, nullable=False),
     Column("user_identifier", Text),
     Column("created_at", UtcDateTime, nullable=False),
-    # One vote per round, decided by the database so two concurrent casts cannot both win.
-    UniqueConstraint("round_id", name="uq_votes_round_id"),
+    Column("unrated_reason", Text),  # kept but not rated (store.records.UNRATED_REASONS), else NULL
+    Index("ix_votes_user_identifier_created_at", "user_identifier", "created_at"),  # the daily cap
 )
+
+# One vote per person per round, decided by the database so two concurrent casts cannot both
+# win. With login on each vote names its voter: one per (round, voter). With login off there is
+# one local user and no identifier (NULL, which a unique index never compares equal): the partial
+# index keeps that to one vote per round.
+ONE_VOTE_PER_VOTER = Index("uq_votes_round_id_user_identifier", votes.c.round_id, votes.c.user_identifier,
+                           unique=True)
+ONE_ANONYMOUS_VOTE = Index("uq_votes_round_id_anonymous", votes.c.round_id, unique=True,
+                           sqlite_where=votes.c.user_identifier.is_(None),
+                           postgresql_where=votes.c.user_identifier.is_(None))
 
 schema_version = Table(
     "schema_version", metadata,
     Column("version", Integer, primary_key=True),
     Column("applied_at", UtcDateTime, nullable=False),
 )
+
+
+def _one_vote_per_voter(connection: Connection) -> None:
+    """Version 3: the unique constraint on votes.round_id becomes the two unique indexes above.
+
+    PostgreSQL drops the constraint by name. SQLite cannot drop a constraint, so the table is
+    rebuilt: renamed, created anew in this shape, its rows copied, the old one dropped (nothing
+    refers to votes, so the foreign keys stay as they are).
+    """
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql("ALTER TABLE votes DROP CONSTRAINT IF EXISTS uq_votes_round_id")
+        for index in votes.indexes:
+            index.create(connection, checkfirst=True)
+        return
+    connection.exec_driver_sql("ALTER TABLE votes RENAME TO votes_before_v3")
+    # Indexes move with a renamed table under their names: free the names for the new table.
+    for index in votes.indexes:
+        connection.exec_driver_sql(f'DROP INDEX IF EXISTS "{index.name}"')
+    votes.create(connection)
+    names = ", ".join(f'"{column.name}"' for column in votes.columns)
+    connection.exec_driver_sql(f"INSERT INTO votes ({names}) SELECT {names} FROM votes_before_v3")
+    connection.exec_driver_sql("DROP TABLE votes_before_v3")
+
+
+# Steps that bring an existing database from version N-1 to N, beyond adding
+# tables and columns. Each takes the open (synchronous) connection.
+MIGRATION_STEPS: dict[int, Callable[[Connection], None]] = {3: _one_vote_per_voter}

@@ -20,6 +20,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from backends.base import ChatMessage, GenerationParams
+from bench.prompt_sets import load_prompt_set, prompt_text
 from backends.llamacpp import LlamaCppBackend
 from backends.openai_compat import OpenAICompatBackend
 from config import BackendConfig
@@ -491,22 +492,32 @@ def restart_database(request, tmp_path_factory) -> str:
     return run(new_postgres_database(request.getfixturevalue("postgres_url")))
 
 
-def test_a_round_and_its_vote_survive_an_app_restart(page: Page, app_factory, paced_pair, restart_database):
+def blind_pair_env(paced_pair: tuple[PacedServer, PacedServer], database: str, **more: str) -> dict[str, str]:
+    """Blind rounds between the paced pair, as backends "left" and "right", stored in `database`."""
     first, second = paced_pair
-    env = {
+    return {
         "BACKENDS": "left,right",
         **backend_env("left", kind="openai", base_url=first.base_url, label="Left engine"),
         **backend_env("right", kind="openai", base_url=second.base_url, label="Right engine"),
         "DEFAULT_MODE": "blind", "DEFAULT_COMPARE_BACKENDS": "left,right", "DEFAULT_SYSTEM_PROMPT": "none",
-        "DATABASE_URL": restart_database,
+        "DATABASE_URL": database, **more,
     }
-    app = app_factory(env, name="chainlit-restart-before")
-    open_chat(page, app, "paced-test-model")
-    send(page, "Hello, both of you.")
+
+
+def first_round_voted_tie(page: Page, message: str, database: str):
+    """Send the chat's first message, wait for its round, vote tie; the stored round."""
+    send(page, message)
     watch_round(page, 0)
     page.locator('[data-testid="vote-tie"]').click()
     expect(page.locator('[data-testid="vote-summary"]')).to_contain_text("Tie")
-    stored_round = latest_round(restart_database)
+    return latest_round(database)
+
+
+def test_a_round_and_its_vote_survive_an_app_restart(page: Page, app_factory, paced_pair, restart_database):
+    env = blind_pair_env(paced_pair, restart_database)
+    app = app_factory(env, name="chainlit-restart-before")
+    open_chat(page, app, "paced-test-model")
+    stored_round = first_round_voted_tie(page, "Hello, both of you.", restart_database)
     app.stop()
 
     restarted = app_factory(env, name="chainlit-restart-after")
@@ -519,3 +530,38 @@ def test_a_round_and_its_vote_survive_an_app_restart(page: Page, app_factory, pa
     board = page.locator(".step", has_text="Leaderboard").last
     expect(board).to_contain_text("blind vote")
     expect(board.locator("tr", has_text="left").first).to_be_visible()
+
+
+def test_the_leaderboard_holds_apart_speed_length_and_style_filters_views_and_exports(
+        page: Page, app_factory, paced_pair, tmp_path_factory):
+    """A round on a prompt from the set and one on a typed prompt whose vote comment names a
+    backend: one vote rated (with its category), one kept but not rated; the leaderboard shows
+    the controlled ratings, filters by typed words and by button, and exports the votes."""
+    db = database_url(tmp_path_factory, "leaderboard-views")
+    app = app_factory(blind_pair_env(paced_pair, db, DEFAULT_REVEAL="pace"), name="chainlit-leaderboard-views")
+    frames = collect_frames(page)
+    open_chat(page, app, "paced-test-model")
+    set_round = first_round_voted_tie(page, "/prompt", db)
+    category = next(p.category for p in load_prompt_set("en") if prompt_text(p) == set_round.prompt)
+    assert set_round.reveal == "pace"
+
+    send(page, "Which engine is this?")
+    watch_round(page, 1)
+    typed_round = latest_round(db)
+    named = post_action(page, app, frames, {"round_id": typed_round.id, "outcome": "win", "winner": "A",
+                                            "comment": "A must be the Left engine"})
+    assert named["ok"] and "kept but not rated" in named["message"]
+    assert [record.vote.unrated_reason for record in run(stored(db, "votes"))] == [None, "comment_names_backend"]
+
+    send(page, "/leaderboard")
+    board = page.locator(".step", has_text="Leaderboard").last
+    expect(board).to_contain_text("ratings from 1 blind vote")
+    expect(board).to_contain_text("1 blind vote(s) are kept but not rated")
+    expect(board).to_contain_text("Ratings at equal speed, length and markdown style")
+    expect(board).to_contain_text(f"Votes by category: {category} (1)")
+    page.get_by_role("button", name="en (1)").click()
+    expect(page.locator(".step", has_text="This view: language en, 1 of 1 rated vote(s).").last).to_be_visible()
+    send(page, "/leaderboard category=nope")
+    expect(page.locator(".step", has_text="There is no category “nope”").last).to_be_visible()
+    page.get_by_role("button", name="Export votes (JSONL)").last.click()
+    expect(page.locator(".step", has_text="2 vote(s) as 2 pairwise battle(s)").last).to_be_visible()

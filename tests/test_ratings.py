@@ -261,11 +261,11 @@ def test_an_empty_leaderboard_says_how_to_start():
 
 
 def test_the_leaderboard_message_speaks_the_persons_language():
-    from chat.reports import leaderboard_markdown
+    from compare.board import plain_markdown
 
     board = build_leaderboard(MIXED + wins("a", "new", 1), [ReplyFigures("idle", 0.1, 10.0)], bootstrap_samples=1)
-    english = leaderboard_markdown(board, unrated_votes=2, lang_code="en")
-    chinese = leaderboard_markdown(board, unrated_votes=2, lang_code="zh")
+    english = plain_markdown(board, unrated_votes=2, lang="en")
+    chinese = plain_markdown(board, unrated_votes=2, lang="zh")
     assert "Only 6 vote(s) so far" in english and "new lost every round it was in (1)" in english
     assert "idle has replies but no votes yet" in english
     assert "1 of 6 blind vote(s) came with a comment." in english
@@ -365,3 +365,43 @@ def test_the_win_matrix_figure_shows_row_versus_column_win_rates():
     assert z[("b", "c")] == pytest.approx(0.5)
     assert z[("a", "c")] is None and z[("a", "a")] is None  # never met; itself
     assert figure.layout.xaxis.title.text == "Opponent (column)"
+
+
+@pytest.mark.parametrize("intervals, expected", [
+    # Overlapping intervals share a rank.
+    ({"a": (1000, 1100), "b": (1050, 1150), "c": (990, 1060)}, {"a": 1, "b": 1, "c": 1}),
+    # b's whole interval is above a's: a is second; c is behind both.
+    ({"a": (950, 1000), "b": (1010, 1080), "c": (800, 900)}, {"b": 1, "a": 2, "c": 3}),
+    # c overlaps a but not b: one backend wholly above it, so rank 2, like a.
+    ({"b": (1100, 1200), "a": (1000, 1090), "c": (950, 1050)}, {"b": 1, "a": 2, "c": 2}),
+    # Touching bounds overlap (a lower bound must be strictly above).
+    ({"a": (1000, 1100), "b": (1100, 1200)}, {"a": 1, "b": 1}),
+    ({"solo": (900, 1100)}, {"solo": 1}),
+    ({}, {}),
+])
+def test_ranks_respect_the_intervals(intervals, expected):
+    from compare.ratings import interval_ranks
+
+    assert interval_ranks(intervals) == expected
+
+
+def test_the_table_shows_the_interval_rank_so_overlapping_backends_share_it():
+    votes = wins("a", "b", 6) + wins("b", "a", 5) + wins("a", "c", 30) + wins("b", "c", 30)
+    board = build_leaderboard(votes, [], bootstrap_samples=300, seed=2)
+    a, b, c = board.row("a"), board.row("b"), board.row("c")
+    assert a.ci_low < b.ci_high and b.ci_low < a.ci_high  # a and b overlap
+    assert (a.rank, b.rank, c.rank) == (1, 1, 3)
+    lines = leaderboard_table_markdown(board).splitlines()[2:]
+    assert [line.split(" | ")[0].strip("| ") for line in lines] == ["1", "1", "3"]
+
+
+def test_the_rating_figure_shows_the_controlled_ratings_beside_the_plain_ones():
+    from compare.ratings import Rating
+
+    board = build_leaderboard(ORDERED, [], bootstrap_samples=50)
+    controlled = {"x": Rating("x", 1010.0, 990.0, 1030.0), "z": Rating("z", 995.0, 980.0, 1010.0)}
+    figure = leaderboard_figure(board, controlled)
+    plain, held = figure.data
+    assert list(held.y) == ["x", "z"] and list(held.x) == [1010.0, 995.0]
+    assert list(held.error_x.array) == [20.0, 15.0] and list(held.error_x.arrayminus) == [20.0, 15.0]
+    assert "equal speed, length and style" in held.name and figure.layout.showlegend

@@ -77,3 +77,36 @@ def test_login_configuration_from_env():
                        ({"AUTH_USERS": f"alice:{alice}"}, "CHAINLIT_AUTH_SECRET")]:
         with pytest.raises(ConfigurationError, match=words):
             auth_from_env(env)
+
+
+def test_a_daily_vote_cap_is_read_from_env_and_applies_only_with_login():
+    alice = hash_password("a-pass", iterations=1000)
+    login = {"AUTH_USERS": f"alice:{alice}", "CHAINLIT_AUTH_SECRET": "s"}
+    assert auth_from_env({**login, "VOTES_PER_DAY": "30"}).vote_cap == 30
+    assert auth_from_env({**login, "VOTES_PER_DAY": " "}).vote_cap is None
+    assert auth_from_env({"VOTES_PER_DAY": "30"}).vote_cap is None  # login off: one local user, no cap
+    for raw in ("0", "-3", "ten", "2.5"):
+        with pytest.raises(ConfigurationError, match=f"VOTES_PER_DAY='{raw}': give a whole number"):
+            auth_from_env({**login, "VOTES_PER_DAY": raw})
+
+
+@pytest.mark.parametrize("typed, expected", [
+    ("/leaderboard", ("leaderboard", "")),
+    ("  /leaderboard category=code lang=zh ", ("leaderboard", "category=code lang=zh")),
+    ("/stats", ("stats", "")),
+    ("/prompt", ("prompt", "")),
+    ("/stats please", None),  # only the leaderboard takes words after it
+    ("/nothing", None),
+    ("leaderboard", None),
+])
+def test_commands_typed_as_text(typed, expected):
+    from chat.commands import typed_command
+
+    assert typed_command(typed) == expected
+
+
+def test_a_view_buttons_payload_is_only_ever_text():
+    from chat.commands import view_arguments
+
+    assert view_arguments({"arguments": "lang=zh"}) == "lang=zh"
+    assert view_arguments({"arguments": ["lang=zh"]}) == view_arguments(None) == view_arguments({}) == ""

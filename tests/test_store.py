@@ -32,8 +32,10 @@ from store import (
     Store,
     StoredReply,
     Vote,
+    VoteLimitReached,
     VoteRejected,
     database_url,
+    names_in_comment,
     mask_password,
     normalise_url,
 )
@@ -207,6 +209,10 @@ async def test_replies_newest_first_filtered_by_backend_and_time(store):
     # The same instant given in another time zone selects the same rows.
     tokyo = timezone(timedelta(hours=9))
     assert await store.replies(since=(T0 + timedelta(minutes=2)).astimezone(tokyo)) == saved[:1:-1]
+    # The leaderboard's medians read the speed figures alone.
+    speeds = await store.reply_speeds(limit=3)
+    assert [(s.backend, s.status, s.first_token_s, s.decode_tokens_per_s) for s in speeds] == [
+        ("llama_cpp", "completed", 0.25, 61.5), ("vllm", "completed", 0.25, 61.5), ("tgi", "completed", 0.25, 61.5)]
 
 
 # --- votes ------------------------------------------------------------------
@@ -248,7 +254,7 @@ async def test_a_second_vote_is_rejected(store):
 
 
 async def test_judgements_and_comments_reach_the_leaderboard(store):
-    from chat.reports import rated_votes
+    from compare.battles import PromptCatalogue, battles_from_votes, rounds_from_battles
     from compare.ratings import build_leaderboard
 
     three = make_round(mode="blind")  # A llama_cpp, B vllm, C tgi
@@ -267,7 +273,8 @@ async def test_judgements_and_comments_reach_the_leaderboard(store):
         await store.cast_vote(vote)
     records = await store.votes()
     assert [record.verdicts for record in records] == [("bad", "good", "good"), ("bad", "bad"), ("good", None, None)]
-    board = build_leaderboard(rated_votes(records), [], bootstrap_samples=1)
+    counted = [battle for battle in battles_from_votes(records, PromptCatalogue()) if battle.counted]
+    board = build_leaderboard(rounds_from_battles(counted), [], bootstrap_samples=1)
     judged = {row.backend: (row.good_verdicts, row.bad_verdicts) for row in board.rows}
     assert judged == {"llama_cpp": (0, 1), "vllm": (1, 1), "tgi": (1, 1)}
     assert (board.total_votes, board.commented_votes) == (2, 1)
@@ -297,6 +304,194 @@ async def test_the_database_itself_refuses_a_second_vote(store, db_url):
                     round_id=round_.id, outcome="tie", judgements={}, comment="", created_at=T0))
     finally:
         await engine.dispose()
+
+
+async def test_one_vote_per_person_per_round_and_one_per_round_without_login(store):
+    round_ = make_round(mode="blind", backends=("vllm", "tgi"))
+    await store.save_round(round_)
+    await store.cast_vote(Vote(round_id=round_.id, outcome="win", winner_label="A", user_identifier="alice"))
+    with pytest.raises(VoteRejected, match="already has a vote from you; each person votes once per round"):
+        await store.cast_vote(Vote(round_id=round_.id, outcome="tie", user_identifier="alice"))
+    await store.cast_vote(Vote(round_id=round_.id, outcome="win", winner_label="B", user_identifier="bob"))
+    # Login off: one local user without an identifier, so one vote per round.
+    await store.cast_vote(Vote(round_id=round_.id, outcome="tie"))
+    with pytest.raises(VoteRejected, match="already has a vote; each round can be voted on once"):
+        await store.cast_vote(Vote(round_id=round_.id, outcome="both_bad"))
+    assert [(r.vote.user_identifier, r.vote.outcome) for r in await store.votes()] == [
+        ("alice", "win"), ("bob", "win"), (None, "tie")]
+
+
+async def test_the_database_itself_keeps_one_vote_per_person(store, db_url):
+    round_ = make_round()
+    await store.save_round(round_)
+    row = dict(round_id=round_.id, outcome="tie", judgements={}, comment="", created_at=T0)
+    engine = create_engine(db_url)
+    try:
+        async with engine.begin() as connection:  # around the Store's checks
+            for voter in ("alice", "bob", None):
+                await connection.execute(insert(schema.votes).values(**row, user_identifier=voter))
+        for voter in ("alice", None):  # a second vote by the same person, or a second without login
+            await connection_insert_fails(engine, {**row, "user_identifier": voter})
+    finally:
+        await engine.dispose()
+
+
+async def connection_insert_fails(engine, row: dict) -> None:
+    """Inserting `row` into votes straight, around the Store, is refused by the database."""
+    with pytest.raises(IntegrityError):
+        async with engine.begin() as connection:
+            await connection.execute(insert(schema.votes).values(**row))
+
+
+async def test_a_daily_cap_counts_each_persons_votes_in_any_24_hours(store):
+    rounds = [make_round(mode="blind", backends=("vllm", "tgi")) for _ in range(4)]
+    for round_ in rounds:
+        await store.save_round(round_)
+
+    def ballot(round_, voter, hours):
+        return Vote(round_id=round_.id, outcome="tie", user_identifier=voter, created_at=T0 + timedelta(hours=hours))
+
+    await store.cast_vote(ballot(rounds[0], "alice", 0), votes_per_day=2)
+    await store.cast_vote(ballot(rounds[1], "alice", 1), votes_per_day=2)
+    with pytest.raises(VoteLimitReached, match=r"You have cast 2 votes in the last 24 hours.*VOTES_PER_DAY=2.*"
+                                               r"you can vote again from 2025-03-02 12:00 UTC"):
+        await store.cast_vote(ballot(rounds[2], "alice", 2), votes_per_day=2)
+    await store.cast_vote(ballot(rounds[2], "bob", 2), votes_per_day=2)  # another person
+    await store.cast_vote(ballot(rounds[2], None, 2), votes_per_day=2)  # login off: no person to count
+    await store.cast_vote(ballot(rounds[2], "alice", 2))  # no cap
+    # A day after her first vote, it no longer counts.
+    await store.cast_vote(Vote(round_id=rounds[3].id, outcome="tie", user_identifier="alice",
+                               created_at=T0 + timedelta(hours=24, seconds=1)), votes_per_day=3)
+    assert len([r for r in await store.votes() if r.vote.user_identifier == "alice"]) == 4
+
+
+async def test_concurrent_votes_of_one_person_never_pass_the_cap(store):
+    rounds = [make_round(mode="blind", backends=("vllm", "tgi")) for _ in range(5)]
+    for round_ in rounds:
+        await store.save_round(round_)
+    outcomes = await asyncio.gather(*(
+        store.cast_vote(Vote(round_id=round_.id, outcome="tie", user_identifier="carol"), votes_per_day=2)
+        for round_ in rounds), return_exceptions=True)
+    assert sorted(type(outcome).__name__ for outcome in outcomes) == ["NoneType"] * 2 + ["VoteLimitReached"] * 3
+    assert len(await store.votes()) == 2
+
+
+async def test_votes_come_back_with_reveal_prompt_replies_and_whether_they_are_rated(store):
+    round_ = replace(make_round(mode="blind", backends=("vllm", "tgi")), reveal="pace")
+    await store.save_round(round_)
+    reply = make_reply(thread_id=None, backend="vllm", mode="blind", round_id=round_.id, column_label="A")
+    await store.save_reply(reply)
+    await store.set_round_reply(round_.id, "A", reply.id)
+    vote = Vote(round_id=round_.id, outcome="win", winner_label="A", comment="A is surely vLLM",
+                unrated_reason="comment_names_backend", created_at=T0)
+    await store.cast_vote(vote)
+    assert (await store.get_round(round_.id)).reveal == "pace"
+    [plain] = await store.votes()
+    assert (plain.vote, plain.prompt, plain.reveal, plain.replies, plain.rated) == (
+        vote, "Compare me", "pace", (), False)
+    [full] = await store.votes(with_replies=True)
+    first, second = full.replies
+    assert second is None  # column B has no reply
+    assert (first.reply_text, first.first_token_s, first.decode_tokens_per_s, first.output_tokens) == (
+        reply.reply_text, 0.25, 61.5, 42)
+    assert (first.backend_label, first.model, first.status, first.settings_sent) == (
+        "VLLM", "SmolLM2-135M-Instruct", "completed", reply.settings_sent)
+    with pytest.raises(ValueError, match="reveal is 'sometimes'"):
+        replace(round_, reveal="sometimes")
+    with pytest.raises(ValueError, match="unrated_reason is 'bored'"):
+        replace(vote, unrated_reason="bored")
+
+
+async def test_migrate_brings_a_version_2_database_to_one_vote_per_person(store, db_url):
+    """A version-2 database (one vote per round by constraint, no reveal, no unrated_reason) keeps
+    its votes and takes a second person's vote on the same round once migrated."""
+    from sqlalchemy import Column, ForeignKey, Integer, MetaData, Table, Text, UniqueConstraint
+
+    round_ = make_round(mode="blind", backends=("vllm", "tgi"))
+    await store.save_round(round_)
+    old = MetaData()
+    Table("compare_rounds", old, Column("id", Text, primary_key=True))
+    old_votes = Table(
+        "votes", old,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("round_id", Text, ForeignKey("compare_rounds.id", ondelete="CASCADE"), nullable=False),
+        Column("outcome", Text, nullable=False), Column("winner_label", Text),
+        Column("judgements", schema.JsonDocument, nullable=False), Column("comment", Text, nullable=False),
+        Column("user_identifier", Text), Column("created_at", schema.UtcDateTime, nullable=False),
+        UniqueConstraint("round_id", name="uq_votes_round_id"),
+    )
+    engine = create_engine(db_url)
+    async with engine.begin() as connection:
+        await connection.execute(text("DROP TABLE votes"))
+        await connection.run_sync(lambda sync: old_votes.create(sync))
+        await connection.execute(text("ALTER TABLE compare_rounds DROP COLUMN reveal"))
+        await connection.execute(insert(old_votes).values(
+            round_id=round_.id, outcome="win", winner_label="A", judgements={"A": "good"}, comment="A was right",
+            user_identifier="alice", created_at=T0))
+        await connection.execute(text("DELETE FROM schema_version"))
+        await connection.execute(insert(schema.schema_version).values(version=2, applied_at=T0))
+    await engine.dispose()
+
+    assert await store.migrate() == SCHEMA_VERSION
+    [kept] = await store.votes()
+    assert (kept.vote.user_identifier, kept.vote.outcome, kept.vote.judgements, kept.rated) == (
+        "alice", "win", {"A": "good"}, True)
+    await store.cast_vote(Vote(round_id=round_.id, outcome="tie", user_identifier="bob"))
+    with pytest.raises(VoteRejected, match="already has a vote from you"):
+        await store.cast_vote(Vote(round_id=round_.id, outcome="tie", user_identifier="alice"))
+    await store.cast_vote(Vote(round_id=round_.id, outcome="tie"))
+    await store.cast_vote(Vote(round_id=round_.id, outcome="tie", user_identifier="dan"))
+    assert len(await store.votes()) == 4
+    engine = create_engine(db_url)
+    try:
+        await connection_insert_fails(engine, dict(round_id=round_.id, outcome="tie", judgements={}, comment="",
+                                                   created_at=T0, user_identifier="bob"))
+    finally:
+        await engine.dispose()
+    reveal_round = replace(make_round(mode="blind"), reveal="finished")
+    await store.save_round(reveal_round)
+    assert (await store.get_round(reveal_round.id)).reveal == "finished"
+
+
+@pytest.mark.parametrize("comment, named", [
+    ("vLLM was faster", ("vllm",)),
+    ("I think A is TGI, B llama_cpp.", ("llama_cpp", "tgi")),
+    ("vllm很快，答案也对", ("vllm",)),
+    ("SmolLM2-135M-Instruct again?", ("SmolLM2-135M-Instruct",)),
+    ("stgis and vllmx are not names; neither is 'tgi2'", ()),
+    ("", ()),
+])
+def test_a_comment_that_names_a_backend_is_found(comment, named):
+    identities = ["llama_cpp", "vllm", "tgi", "vLLM", "TGI", "", "SmolLM2-135M-Instruct"]
+    assert names_in_comment(comment, identities) == named
+
+
+async def test_stored_votes_export_as_battles_and_rate_the_same_read_back(store, tmp_path):
+    from compare.battles import PromptCatalogue, battles_from_votes, battles_jsonl, read_battles
+    from compare.board import board_json, build_board
+
+    catalogue = PromptCatalogue({"Compare me": ("compare", "en")})
+    for number, (outcome, winner, reveal) in enumerate([("win", "A", "pace"), ("win", "B", "finished"),
+                                                         ("tie", None, "pace"), ("both_bad", None, None)]):
+        round_ = replace(make_round(mode="blind"), reveal=reveal)  # A llama_cpp, B vllm, C tgi
+        await store.save_round(round_)
+        for column in round_.columns:
+            reply = replace(make_reply(thread_id=None, backend=column.backend, mode="blind", round_id=round_.id,
+                                       column_label=column.label), output_tokens=40 + 10 * number)
+            await store.save_reply(reply)
+            await store.set_round_reply(round_.id, column.label, reply.id)
+        await store.cast_vote(Vote(round_id=round_.id, outcome=outcome, winner_label=winner, user_identifier="alice",
+                                   created_at=T0 + timedelta(minutes=number)))
+    battles = battles_from_votes(await store.votes(with_replies=True), catalogue)
+    assert [len([b for b in battles if b.round_id == r]) for r in dict.fromkeys(b.round_id for b in battles)] == [
+        2, 2, 3, 3]
+    assert {b.category for b in battles} == {"compare"} and battles[0].a.tokens == 40
+    assert battles[0].a.decode_tokens_per_s == 61.5 and battles[0].a.settings["temperature"] == 0.7
+    path = tmp_path / "votes.jsonl"
+    path.write_bytes(battles_jsonl(battles))
+    assert read_battles(path) == battles
+    assert board_json(build_board(read_battles(path), bootstrap_samples=50)) == board_json(
+        build_board(battles, bootstrap_samples=50))
 
 
 async def test_attaching_a_reply_to_an_unknown_round_or_column(store):
