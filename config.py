@@ -129,7 +129,7 @@ class ChatDefaults:
             mode=_one_of(env, "DEFAULT_MODE", ("chat", "compare", "blind")),
             compare_backends=_compare_backends(env, backend_names),
             run_order=_one_of(env, "DEFAULT_RUN_ORDER", ("auto", "sequential", "concurrent")),
-            reveal=_one_of(env, "DEFAULT_REVEAL", ("finished", "pace")),
+            reveal=_one_of(env, "DEFAULT_REVEAL", ("finished", "pace", "live")),
         )
 
 

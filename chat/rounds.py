@@ -37,7 +37,9 @@ from timing import FINAL_STATES, RequestRecord, TimedStream
 LABELS = ("A", "B", "C", "D")
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
 RUN_ORDERS = ("auto", "sequential", "concurrent")
-REVEALS = ("finished", "pace")  # blind text: when every column has finished, or at one common pace (RevealPace)
+# Blind text: when every column has finished; at one common pace (RevealPace); or live, each column
+# as its engine sends it (speed in plain view: what the speed-controlled leaderboard measures).
+REVEALS = ("finished", "pace", "live")
 TICK_S = 0.06  # one element update per tick for the whole round: the last token shows within ~100 ms
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
@@ -297,7 +299,7 @@ class RevealPace:
 
 def _revealed_text(columns: Sequence[Column], reveal: str, pace: RevealPace | None) -> list[str]:
     """Blind text before the vote: nothing until every column has finished, or at one common pace."""
-    if all(column.finished for column in columns):
+    if all(column.finished for column in columns) or reveal == "live":
         return [column.text for column in columns]
     if reveal != "pace":
         return ["" for _ in columns]

@@ -18,7 +18,7 @@ NO_SYSTEM_PROMPT = "none"
 MAX_SYSTEM_PROMPT_CHARS = 20_000
 MODES = ("chat", "compare", "blind")
 RUN_ORDERS = ("auto", "sequential", "concurrent")
-REVEALS = ("finished", "pace")
+REVEALS = ("finished", "pace", "live")
 
 
 def load_presets(directory: Path = PROMPTS_DIR) -> dict[str, str]:

@@ -69,13 +69,12 @@ CONTROLS: dict[str, tuple[str, ...]] = {
     "style": ("headers", "lists", "bold"),
 }
 DEFAULT_CONTROLS = ("speed", "length", "style")
-# Reveal modes of a blind round in which the voter saw the text arrive before voting: the one
-# place to change when a reveal is added. Note what "pace" shows: every column at the pace of
-# the slowest one still generating (chat.rounds.RevealPace), so the voter sees how fast the
-# round went, not which side was faster. A speed effect on such votes measures what leaks
-# through that (and in compare rounds, not rated, speed is in plain view); a reveal that streams
-# each column at its own pace would be needed to measure the full effect.
-SPEED_SHOWN_IN = frozenset({"pace"})
+# Reveal modes of a blind round in which the voter saw each side's speed before voting: "live"
+# streams every column as its engine sends it (names hidden), so which side started first and
+# ran faster is in plain view. "pace" shows every column at the pace of the slowest one still
+# generating (chat.rounds.RevealPace) and "finished" shows nothing until all have finished: in
+# both, neither side's speed is shown, so their votes carry no speed effect.
+SPEED_SHOWN_IN = frozenset({"live"})
 
 
 def normalised_difference(a, b):

@@ -22,7 +22,7 @@ ROUND_MODES = ("compare", "blind")
 RUN_ORDERS = ("sequential", "concurrent")
 VOTE_OUTCOMES = ("win", "tie", "both_bad")
 JUDGEMENTS = ("good", "bad")
-REVEALS = ("finished", "pace")  # how a blind round showed its text before the vote
+REVEALS = ("finished", "pace", "live")  # how a blind round showed its text before the vote
 # Why a vote is kept but not rated. A comment that names a backend shows the voter knew (or
 # guessed) who answered, so the vote is not blind any more (Chatbot Arena drops such votes too).
 UNRATED_COMMENT_NAMES_BACKEND = "comment_names_backend"

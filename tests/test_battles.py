@@ -84,7 +84,7 @@ def reply(text: str, tokens: int, first_token_s: float, decode: float, label: st
                        settings_sent={"temperature": 0.7})
 
 
-def record(outcome: str, winner: str | None = None, *, mode: str = "blind", reveal: str | None = "pace",
+def record(outcome: str, winner: str | None = None, *, mode: str = "blind", reveal: str | None = "live",
            prompt: str = "Explain batching.", comment: str = "", unrated_reason: str | None = None) -> VoteRecord:
     columns = (RoundColumn("A", "vllm", "r1"), RoundColumn("B", "tgi", "r2"), RoundColumn("C", "llama_cpp", None))
     replies = (reply("## Batching\n- **one**\n- two", 40, 0.2, 50.0, "vLLM"),
@@ -108,7 +108,7 @@ def test_a_win_in_three_columns_is_two_battles_in_column_order():
     empty = second.b  # column C has no reply
     assert (empty.reply, empty.tokens, empty.decode_tokens_per_s, empty.judged) == ("", None, None, "bad")
     assert (first.category, first.language, first.reveal, first.judge, first.tstamp) == (
-        "serving", "en", "pace", "alice", T0.timestamp())
+        "serving", "en", "live", "alice", T0.timestamp())
     assert first.counted and first.round_id == second.round_id == "round-1"
 
 
@@ -158,7 +158,7 @@ def test_the_jsonl_round_trip_keeps_every_field(tmp_path):
     assert line["conv_metadata"]["list_count_a"] == {"ordered": 0, "unordered": 2}
     assert line["conversation_b"] == [{"role": "user", "content": "Explain batching."},
                                       {"role": "assistant", "content": "Batching groups requests."}]
-    assert line["side_a"]["settings"] == {"temperature": 0.7} and line["reveal"] == "pace"
+    assert line["side_a"]["settings"] == {"temperature": 0.7} and line["reveal"] == "live"
 
 
 @pytest.mark.parametrize("content, message", [

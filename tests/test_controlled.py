@@ -24,7 +24,7 @@ def overlap(first, second) -> bool:
     return first.ci_low <= second.ci_high and second.ci_low <= first.ci_high
 
 
-def battles(rounds: int, seed: int, *, chance_a_wins, reveal: str = "pace", spread: float = 0.8,
+def battles(rounds: int, seed: int, *, chance_a_wins, reveal: str = "live", spread: float = 0.8,
             speeds=DECODE_TOKENS_PER_S, tie_share: float = 0.1) -> list[Battle]:
     """Two random backends per round, each reply's decode speed its backend's times a lognormal
     factor (load, prompt), so speed differs within a pair too; `chance_a_wins(a, b)` decides."""
@@ -184,10 +184,10 @@ def test_votes_not_blind_or_set_apart_are_not_counted():
 
 
 @pytest.mark.parametrize("covariate, a, b, reveal, expected", [
-    ("decode", dict(decode_tokens_per_s=40.0), dict(decode_tokens_per_s=20.0), "pace", 1.0),
+    ("decode", dict(decode_tokens_per_s=40.0), dict(decode_tokens_per_s=20.0), "live", 1.0),
     ("decode", dict(decode_tokens_per_s=40.0), dict(decode_tokens_per_s=20.0), "finished", 0.0),
-    ("decode", dict(decode_tokens_per_s=40.0), dict(decode_tokens_per_s=None), "pace", 0.0),
-    ("first_token", dict(first_token_s=0.25), dict(first_token_s=1.0), "pace", 2.0),
+    ("decode", dict(decode_tokens_per_s=40.0), dict(decode_tokens_per_s=None), "live", 0.0),
+    ("first_token", dict(first_token_s=0.25), dict(first_token_s=1.0), "live", 2.0),
     ("first_token", dict(first_token_s=0.25), dict(first_token_s=1.0), None, 0.0),
     ("length", dict(tokens=200), dict(tokens=100), "finished", 100 / 301),
     ("length", dict(tokens=None), dict(tokens=100), "finished", 0.0),

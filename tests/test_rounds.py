@@ -217,6 +217,18 @@ def test_pace_a_finished_column_no_longer_holds_the_others_back():
     assert paced([short, failed, slow, fast]) == ["a0 a1 ", "", "c0 c1 c2 c3 c4 ", "d0 d1 d2 d3 d4 "]
 
 
+def test_live_reveal_shows_each_column_as_it_streams_and_still_no_name_or_figure():
+    slow = column_with("A", "streaming", one_token_chunks("a", 2))
+    fast = column_with("B", "streaming", one_token_chunks("b", 9))
+    waiting = column_with("C", "waiting", [])
+    props = round_props(round_id="r", columns=[slow, fast, waiting], blind=True, run_order="concurrent",
+                        reveal="live", lang="en")
+    assert [c["text"] for c in props["columns"]] == ["a0 a1 ", "".join(fast.parts), ""]
+    for column in props["columns"]:
+        assert set(column) == {"label", "text", "state", "error", "notes"}  # no backend, model or figures
+        assert column["state"] == "generating"
+
+
 def test_pace_in_sequential_order_moves_from_the_second_column_on_and_never_goes_back():
     pace = RevealPace()
     first = column_with("A", "streaming", one_token_chunks("a", 4))
