@@ -9,4 +9,5 @@ os.environ.setdefault("CHAINLIT_APP_ROOT", str(REPO))
 os.chdir(REPO)
 
 # Real servers, started and stopped by session fixtures.
-pytest_plugins = ["tests.fixtures_vllm", "tests.fixtures_tgi", "tests.fixtures_app", "tests.fixtures_postgres"]
+pytest_plugins = ["tests.fixtures_vllm", "tests.fixtures_tgi", "tests.fixtures_app", "tests.fixtures_postgres",
+                  "tests.fixtures_llama_server"]
