@@ -2,7 +2,8 @@
 # Set up the app (and, with --test, everything the test suite needs).
 #
 #   bash scripts/setup.sh          # .venv with the app and the bundled model
-#   bash scripts/setup.sh --test   # + test tools, Debian's chromium, the vLLM CPU venv and its model
+#   bash scripts/setup.sh --test   # + test tools, Debian's chromium, the vLLM CPU venv and its model,
+#                                  #   and llama.cpp's llama-server (built once, cached like the wheel)
 #
 # The first run compiles llama.cpp (llama-cpp-python has no wheel on PyPI):
 # about 6 minutes measured on an idle 2-core machine, up to 30 under load. Progress is
@@ -79,5 +80,7 @@ if [ "$with_tests" = 1 ]; then
   fi
   step "Setting up vLLM (CPU build) in .venv-vllm and converting the bundled model"
   bash scripts/vllm_server.sh --setup-only
+  step "Building llama.cpp's server (llama-server) from the same source as the wheel"
+  bash scripts/llama_server.sh --setup-only
 fi
 step "Setup done"
