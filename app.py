@@ -3,7 +3,7 @@ TTFT and tokens/s live.
 
 Start with `chainlit run app.py -w`. The handlers stay thin; the work is in
 chat/ (the reply flow, rounds, reports), compare/ (rounds and ratings),
-timing.py (measurement), store/ (the database) and backends/ (one interface,
+core/timing.py (measurement), store/ (the database) and backends/ (one interface,
 one file per serving stack).
 """
 
@@ -13,14 +13,15 @@ import chainlit as cl
 from chainlit.server import app as chainlit_server
 from fastapi.routing import APIRoute
 
-from compare import one_blas_thread
+from core.ratings import one_blas_thread
 
 one_blas_thread()  # before anything imports numpy
 
-from chat import commands, engines_view, login_guard, ops, rounds_view, session  # noqa: E402
-from chat.auth import current_config  # noqa: E402
-from chat.session import guarded  # noqa: E402
-from chat.socket_guard import guard_socket  # noqa: E402
+from ui import commands, engines_view, lab_state, login_guard, rounds_view  # noqa: E402
+from ui import session_view as session  # noqa: E402
+from core.auth import current_config  # noqa: E402
+from ui.session_view import guarded  # noqa: E402
+from ui.socket_guard import guard_socket  # noqa: E402
 from config import load_env  # noqa: E402
 from store import StoreError  # noqa: E402
 from store.db import migrate_blocking  # noqa: E402
@@ -47,7 +48,7 @@ except StoreError as error:
     def data_layer():
         return None  # else Chainlit would start its own layer on DATABASE_URL, with another schema
 else:
-    from store.chainlit_layer import chainlit_data_layer
+    from ui.chat_history import chainlit_data_layer
 
     @cl.data_layer
     def data_layer():
@@ -55,7 +56,7 @@ else:
 
 
 # Ahead of Chainlit's catch-all route for its UI, which would otherwise answer it.
-chainlit_server.router.routes.insert(0, APIRoute("/lab/state", ops.state_endpoint, methods=["GET"]))
+chainlit_server.router.routes.insert(0, APIRoute("/lab/state", lab_state.state_endpoint, methods=["GET"]))
 
 if AUTH.enabled:
     # Passwords are checked off the event loop, behind per-name and per-address limits.

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Mapping
 
 
+REPO = Path(__file__).resolve().parent  # the repository root: the app, prompts/, .data/, .env
+
+
 class ConfigurationError(ValueError):
     """A configuration value (from .env) that cannot work, with the variable to fix."""
 
@@ -64,7 +67,7 @@ def load_env(path: str | os.PathLike | None = None) -> None:
     """Load `.env` next to the app (never overriding variables already set)."""
     from dotenv import load_dotenv
 
-    load_dotenv(path or Path(__file__).with_name(".env"), override=False)
+    load_dotenv(path or REPO / ".env", override=False)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """One watchdog around every backend's stream: first-token and stall limits.
 
-`watched(backend, request)` is the stream the chat (`chat.flow.ReplyPlan`)
-and the load engine (`bench.runner`) both measure, so a reply that never
+`watched(backend, request)` is the stream the chat (`core.replies.ReplyPlan`)
+and the load engine (`core.load.runner`) both measure, so a reply that never
 starts or stops in the middle ends the same way everywhere, with a
 `BackendTimeout` that says which limit fired, its value and the variable
 that sets it:

@@ -24,12 +24,11 @@ from pathlib import Path
 
 from backends.errors import UnknownBackend
 from backends.registry import Registry
-from bench.article import RunSettings, article_table, benchmark_goals, run_benchmark, write_outputs
-from bench.prompt_sets import PromptSetError, load_prompt_set
-from bench.verdict import exit_status
-from config import ConfigurationError, load_env
+from core.load.article import BenchmarkRun, RunSettings, article_table, run_benchmark, write_outputs
+from core.load.prompt_sets import PromptSetError, load_prompt_set
+from bench.verdict import Goal, all_of, at_least, exit_status
+from config import REPO, ConfigurationError, load_env
 
-REPO = Path(__file__).resolve().parent.parent
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 512
 
@@ -55,6 +54,26 @@ def _whole(low: int, high: int):
             raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high}")
         return value
     return parse
+
+
+def benchmark_goals(run: BenchmarkRun, required: list[str] | tuple[str, ...] = ()) -> list[Goal]:
+    """What a run must achieve to be a measurement: at least one engine measured; every backend
+    named in `required` (asked for by name) measured, not skipped; and every request of every
+    measured level completed (a level with failures would show figures of a subset)."""
+    measured = {engine.name for engine in run.engines}
+    skipped = "; ".join(f"{name}: {reason}" for name, reason in run.skipped.items())
+    goals = [at_least("engines measured", len(run.engines) or None, 1, digits=0,
+                      why_unmeasured=f"none ({skipped})" if skipped else "none")]
+    for name in required:
+        if name not in measured or name in run.skipped:
+            goals.append(at_least(f"{name} measured", None, 1, digits=0,
+                                  why_unmeasured=f"skipped ({run.skipped.get(name, 'not run')})"))
+    for engine in run.engines:
+        for summary in engine.summaries:
+            goals.append(all_of(f"{engine.label} at {summary.concurrency} concurrent: requests completed",
+                                summary.completed, summary.completed + summary.failed))
+    return goals
+
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

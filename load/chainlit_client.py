@@ -53,7 +53,7 @@ import requests
 import socketio
 
 SOCKET_PATH = "/ws/socket.io"
-# The app's error message title (chat/i18n.py "error_title"), in both UI languages.
+# The app's error message title (core/texts.py "error_title"), in both UI languages.
 ERROR_MARKERS = ("could not answer", "无法回答")
 # Chainlit's own callback names for the run steps that wrap them.
 CHAT_START_STEP = "on_chat_start"

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         out.write("elapsed_s,rss_mb\n")
         while True:
             try:
-                rss_mb = tree_rss_bytes(process) / 2**20  # MB as in bench/app_startup_memory.py (MiB)
+                rss_mb = tree_rss_bytes(process) / 2**20  # MB as in experiments/app_startup_memory.py (MiB)
             except psutil.NoSuchProcess:
                 return
             out.write(f"{time.monotonic() - started:.1f},{rss_mb:.1f}\n")

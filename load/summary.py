@@ -191,7 +191,7 @@ def read_results(folder: Path, users: int) -> Summary:
 # What must come back to where it was once the students have gone. Not counted: the sessions
 # Chainlit keeps for its session_timeout after a student leaves (and the task that frees each),
 # engine.io's ping tasks (they end within a ping interval), and pooled threads, database
-# connections and files (bounded by their pools); see chat/ops.py.
+# connections and files (bounded by their pools); see ui/lab_state.py.
 LEAK_COUNTS = (("threads", "threads_by_kind", "other"), ("tasks", "tasks_by_kind", "other"),
                ("replies still generating", "tasks_by_kind", "replies"),
                ("files", "open_files_by_kind", "other"), ("backend connections", "backend_connections", None),

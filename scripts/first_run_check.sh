@@ -16,8 +16,8 @@ fail() { echo "first_run_check: $*" >&2; exit 1; }
 step "Importing every module of the app and its CLIs from the app's venv"
 .venv/bin/python - <<'PYTHON' || fail "a module of the app does not import from .venv (a package missing from requirements.txt?)"
 import importlib, pkgutil
-modules = ["config", "timing", "aio", "bench.__main__", "store.__main__"]
-for package in ("backends", "chat", "compare", "store"):
+modules = ["config", "bench.__main__", "store.__main__"]
+for package in ("backends", "core", "ui", "store"):
     modules += [info.name for info in pkgutil.walk_packages([package], prefix=package + ".")]
 for name in modules:
     importlib.import_module(name)

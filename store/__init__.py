@@ -2,7 +2,7 @@
 
 One database for both, chosen by `DATABASE_URL` (default: the SQLite file
 `.data/serving_lab.db`). `Store` is the app's API; Chainlit's data layer on
-the same database comes from `store.chainlit_layer.chainlit_data_layer()`
+the same database comes from `ui.chat_history.chainlit_data_layer()`
 (kept out of this import so the store works without Chainlit).
 `python -m store init` creates or migrates the tables; `python -m store info` shows them.
 """

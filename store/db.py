@@ -5,7 +5,7 @@
     await store.save_reply(reply)
     await store.aclose()
 
-Chainlit's history uses the same database through `store.chainlit_layer`.
+Chainlit's history uses the same database through `ui.chat_history`.
 Nothing here imports Chainlit.
 """
 

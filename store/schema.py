@@ -4,7 +4,7 @@ Chainlit's `SQLAlchemyDataLayer` (2.12) writes raw SQL with quoted camelCase
 column names, so its tables below mirror exactly the columns it reads and
 writes. Ids are UUID strings stored as text on both databases; JSON is JSONB
 on PostgreSQL and JSON text on SQLite; `tags` is a text array on PostgreSQL
-and a JSON list on SQLite (store/chainlit_layer.py bridges what Chainlit sends).
+and a JSON list on SQLite (ui/chat_history.py bridges what Chainlit sends).
 
 The app's tables: `replies` (one per streamed answer, with its figures),
 `compare_rounds` + `round_columns` (a compare or blind round and which backend

@@ -21,9 +21,9 @@ from pathlib import Path
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from config import REPO
 from store.errors import ConfigurationError
 
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SQLITE_PATH = REPO / ".data" / "serving_lab.db"
 ENV_VARIABLE = "DATABASE_URL"
 

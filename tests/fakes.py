@@ -9,7 +9,7 @@ from typing import AsyncIterator, Sequence
 from backends.base import BackendInfo, ChatMessage, GenerationParams, PreparedRequest, StreamChunk, StreamLimits
 from backends.errors import BackendOverloaded, BackendUnavailable
 from backends.registry import Registry
-from chat.flow import AppState
+from core.replies import AppState
 from config import ChatDefaults
 
 

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from aio import run_together
+from core.concurrency import run_together
 
 
 async def test_results_come_back_in_order():

@@ -1,4 +1,4 @@
-"""`python -m bench.app_vs_direct`: the app and the direct path against the real vLLM, tiny settings.
+"""`python -m experiments.app_vs_direct`: the app and the direct path against the real vLLM, tiny settings.
 
 What must hold on any machine: both paths measured every request, each path's
 own token count equals the change in vLLM's `generation_tokens_total` over its
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from bench.app_vs_direct import Phase, Run, exit_status, in_flight, phase_order
+from experiments.app_vs_direct import Phase, Run, exit_status, in_flight, phase_order
 from tests.servers import REPO
 
 
@@ -29,7 +29,7 @@ def test_phases_alternate_abba_and_in_flight_is_busy_time_over_wall_time():
 @pytest.mark.vllm
 def test_both_paths_are_measured_with_counts_equal_to_vllms_own(tmp_path, vllm_base_url):
     result = subprocess.run(
-        [sys.executable, "-m", "bench.app_vs_direct", "--vllm-url", vllm_base_url, "--sessions", "2",
+        [sys.executable, "-m", "experiments.app_vs_direct", "--vllm-url", vllm_base_url, "--sessions", "2",
          "--prompts-per-session", "2", "--max-new-tokens", "16", "--rounds", "1", "--goal-ratio", "0.2",
          "--out", str(tmp_path)],
         cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=600)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from compare.arena_convert import arena_records, convert
-from compare.battles import (
+from core.ratings.arena_convert import arena_records, convert
+from core.ratings.battles import (
     Battle,
     BattleFileError,
     BattleView,
@@ -29,8 +29,8 @@ from compare.battles import (
     votes_by,
     write_battles,
 )
-from compare.board import ViewError, board_json, board_markdown, build_board, parse_view
-from compare.ratings import ReplyFigures, RoundVote, rate_backends
+from core.ratings.board import ViewError, board_json, board_markdown, build_board, parse_view
+from core.ratings.ratings import ReplyFigures, RoundVote, rate_backends
 from store import ColumnReply, RoundColumn, Vote, VoteRecord
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,8 +62,8 @@ def test_a_typed_prompts_language_follows_its_script(prompt, language):
 
 
 def test_the_shipped_prompt_sets_give_every_line_its_category_and_typed_prompts_are_free():
-    from chat.reports import prompt_catalogue
-    from bench.prompt_sets import load_prompt_set, prompt_text
+    from ui.reports_view import prompt_catalogue
+    from core.load.prompt_sets import load_prompt_set, prompt_text
 
     catalogue = prompt_catalogue()
     categories = set()
@@ -215,11 +215,11 @@ def test_a_converted_arena_log_is_rated_in_its_order_on_the_command_line(tmp_pat
     """model-x beats model-y 3 of 4 (and model-z twice), model-y beats model-z 3 of 4: the
     file's order, whatever the tool."""
     converted = tmp_path / "arena.jsonl"
-    run = subprocess.run([sys.executable, "-m", "compare.arena_convert", str(ARENA_SAMPLE), str(converted)],
+    run = subprocess.run([sys.executable, "-m", "core.ratings.arena_convert", str(ARENA_SAMPLE), str(converted)],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "12 battle(s) written" in run.stdout
-    rated = subprocess.run([sys.executable, "-m", "compare", "--votes", str(converted), "--format", "json",
+    rated = subprocess.run([sys.executable, "-m", "core.ratings", "--votes", str(converted), "--format", "json",
                             "--control", "length,style", "--bootstrap", "200"],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert rated.returncode == 0, rated.stderr
@@ -231,7 +231,7 @@ def test_a_converted_arena_log_is_rated_in_its_order_on_the_command_line(tmp_pat
     plain = rate_backends(rounds_from_battles([b for b in read_battles(converted) if b.counted]), seed=0)
     assert {row["backend"]: round(row["rating"], 6) for row in board["plain"]} == {
         name: round(rating.rating, 6) for name, rating in plain.items()}
-    again = subprocess.run([sys.executable, "-m", "compare", "--votes", str(converted), "--format", "json",
+    again = subprocess.run([sys.executable, "-m", "core.ratings", "--votes", str(converted), "--format", "json",
                             "--control", "length,style", "--bootstrap", "200"],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.stdout == rated.stdout  # reproducible
@@ -250,7 +250,7 @@ def export_file(tmp_path) -> Path:
 
 def test_the_command_rates_an_export_in_markdown_with_a_category_filter(tmp_path):
     path = export_file(tmp_path)
-    run = subprocess.run([sys.executable, "-m", "compare", "--votes", str(path), "--category", "serving",
+    run = subprocess.run([sys.executable, "-m", "core.ratings", "--votes", str(path), "--category", "serving",
                           "--control", "speed", "--bootstrap", "100"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
@@ -258,7 +258,7 @@ def test_the_command_rates_an_export_in_markdown_with_a_category_filter(tmp_path
     assert "**Ratings at equal speed** (from the same 4 vote(s))" in run.stdout
     assert "A side that decodes twice as fast wins" in run.stdout
     assert "Votes by category: serving (4), free (2). By language: en (4), zh (2)." in run.stdout
-    chinese = subprocess.run([sys.executable, "-m", "compare", "--votes", str(path), "--lang", "zh",
+    chinese = subprocess.run([sys.executable, "-m", "core.ratings", "--votes", str(path), "--lang", "zh",
                               "--bootstrap", "50"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "**排行榜**" in chinese.stdout and "**在速度、长度、Markdown 格式相同时的评分**" in chinese.stdout
 
@@ -274,7 +274,7 @@ def test_the_command_rates_an_export_in_markdown_with_a_category_filter(tmp_path
 def test_the_command_says_what_is_wrong(tmp_path, arguments, code, message):
     export = str(export_file(tmp_path))
     arguments = [argument.format(export=export) for argument in arguments]
-    run = subprocess.run([sys.executable, "-m", "compare", *arguments], cwd=tmp_path, capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "core.ratings", *arguments], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120, env={"PYTHONPATH": str(REPO)})
     assert run.returncode == code and message in run.stderr
 
@@ -301,7 +301,7 @@ def test_a_view_that_does_not_exist_is_named_with_the_ones_that_do(typed, key):
     with pytest.raises(ViewError) as raised:
         parse_view(typed, ["code", "free", "math"], ["en", "zh"])
     assert raised.value.key == key
-    from chat.i18n import text
+    from core.texts import text
 
     english, chinese = text(key, "en", **raised.value.values), text(key, "zh", **raised.value.values)
     assert ("code, free, math" in english and "code, free, math" in chinese) or key != "view_unknown_category"
@@ -334,7 +334,7 @@ def test_the_board_counts_votes_per_view_and_renders_in_both_languages(tmp_path)
 
 
 def test_every_leaderboard_sentence_is_in_both_languages():
-    from compare.texts import STRINGS
+    from core.ratings.texts import STRINGS
 
     assert set(STRINGS["en"]) == set(STRINGS["zh"])
     for key, english in STRINGS["en"].items():

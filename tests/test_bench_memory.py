@@ -7,7 +7,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from bench.memory import MIB, gpu_memory_mib
+from core.load.engine_memory import MIB, gpu_memory_mib
 
 
 def fake_pynvml(devices: list[list[SimpleNamespace]]) -> ModuleType:

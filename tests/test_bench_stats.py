@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 import numpy
 import pytest
 
-from bench.article import BenchmarkRun, EngineResult, RunSettings, article_table, write_outputs
-from bench.memory import MemoryReading
-from bench.runner import LevelResult, RequestOutcome
-from bench.stats import Distribution, summarise
-from timing import InterTokenLatency, RequestRecord
+from core.load.article import BenchmarkRun, EngineResult, RunSettings, article_table, write_outputs
+from core.load.engine_memory import MemoryReading
+from core.load.runner import LevelResult, RequestOutcome
+from core.load.stats import Distribution, summarise
+from core.timing import InterTokenLatency, RequestRecord
 
 
 def record(first_token_s: float, gap_s: float, tokens: int, *, input_tokens: int = 10) -> RequestRecord:

@@ -69,8 +69,9 @@ def test_bounds_are_inclusive_and_a_goal_needs_one():
 
 from datetime import datetime, timezone  # noqa: E402
 
-from bench.article import BenchmarkRun, EngineResult, RunSettings, benchmark_goals  # noqa: E402
-from bench.stats import Distribution, LevelSummary  # noqa: E402
+from bench.__main__ import benchmark_goals  # noqa: E402
+from core.load.article import BenchmarkRun, EngineResult, RunSettings  # noqa: E402
+from core.load.stats import Distribution, LevelSummary  # noqa: E402
 
 
 def _summary(concurrency: int, completed: int, failed: int) -> LevelSummary:

@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from backends.base import ChatMessage, GenerationParams
-from bench.prompt_sets import load_prompt_set, prompt_text
+from core.load.prompt_sets import load_prompt_set, prompt_text
 from backends.llamacpp import LlamaCppBackend
 from backends.openai_compat import OpenAICompatBackend
 from config import BackendConfig

@@ -3,7 +3,7 @@
 import pytest
 
 from backends.errors import ConfigurationError, UnknownBackend
-from chat.settings import SessionSettings, load_presets
+from core.settings import SessionSettings, load_presets
 from config import ChatDefaults, backend_configs, backend_names
 
 
@@ -114,7 +114,7 @@ def test_optional_sampling_settings_are_parsed_from_the_text_fields():
     ({"system_custom": ["not", "text"]}, "must be text"),
 ])
 def test_values_the_panel_cannot_send_are_refused_with_what_is_wrong(form, needle):
-    from chat.settings import SettingsRejected
+    from core.settings import SettingsRejected
 
     with pytest.raises(SettingsRejected) as raised:
         SessionSettings.from_form({"backend": "llama_cpp", **form}, ChatDefaults(backend="llama_cpp"),

@@ -6,15 +6,15 @@ from dataclasses import replace
 
 import pytest
 
-from compare.battles import Battle, MarkdownCounts, Side
-from compare.controlled import (
+from core.ratings.battles import Battle, MarkdownCounts, Side
+from core.ratings.controlled import (
     FEW_VOTES_CONTROLLED,
     covariate_value,
     normalised_difference,
     parse_controls,
     rate_with_controls,
 )
-from compare.ratings import PairOutcome, bradley_terry, interval_ranks
+from core.ratings.ratings import PairOutcome, bradley_terry, interval_ranks
 
 BACKENDS = ("fast", "mid", "slow")
 DECODE_TOKENS_PER_S = {"fast": 60.0, "mid": 30.0, "slow": 15.0}

@@ -1,9 +1,9 @@
-"""The disclosure rule (chat/disclosure.py) on known inputs: what waits, what is hidden, and when
+"""The disclosure rule (core/disclosure.py) on known inputs: what waits, what is hidden, and when
 everything may be shown again. The browser test (tests/test_trust_browser.py) checks every frame."""
 
 from __future__ import annotations
 
-from chat.disclosure import HIDDEN, WAITING_COMMANDS, Disclosure, identifying_words
+from core.disclosure import HIDDEN, WAITING_COMMANDS, Disclosure, identifying_words
 
 
 def words_of_vllm() -> set[str]:

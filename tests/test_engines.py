@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from backends.engine_metrics import EngineSnapshot
-from bench.prompt_sets import load_prompt_set
-from chat import engines_view
-from chat.auth import AuthConfig
-from chat.engines import EngineReading, Simulation, SimulationPoint, panel_props
-from chat.flow import Notice, load_refusal
-from chat.settings import SessionSettings
+from core.load.prompt_sets import load_prompt_set
+from ui import engines_view
+from core.auth import AuthConfig
+from core.engines import EngineReading, Simulation, SimulationPoint, panel_props
+from core.replies import Notice, load_refusal
+from core.settings import SessionSettings
 from tests.fakes import FakeBackend, FakeReply, fake_state
 
 STAND_IN = "TGI-protocol test server, not TGI itself"
@@ -68,7 +68,7 @@ def test_who_may_start_load_and_when():
 
 @pytest.fixture
 def view(monkeypatch):
-    """chat.engines_view with its Chainlit helpers replaced; what it says is kept in `said`."""
+    """ui.engines_view with its Chainlit helpers replaced; what it says is kept in `said`."""
     world = SimpleNamespace(state=None, settings=None, user=None, said=[])
 
     async def say(content: str, **kwargs):
@@ -154,8 +154,8 @@ async def test_the_panel_learns_a_stand_in_from_the_backends_status(view):
 
 
 async def test_a_reply_from_a_stand_in_is_labelled_one_in_its_figures_and_its_stored_row():
-    from chat.flow import plan_reply, stored_reply
-    from chat.live import initial_props
+    from core.replies import plan_reply, stored_reply
+    from core.figures import initial_props
 
     tgi = FakeBackend("tgi", label="TGI", stand_in=STAND_IN, replies=[FakeReply(["Hi", " there"])])
     vllm = FakeBackend("vllm", label="vLLM", replies=[FakeReply(["Hello"])])

@@ -9,7 +9,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from chat.auth import hash_password
+from core.auth import hash_password
 from tests.fixtures_app import AppServer, stored_when
 from tests.fixtures_vllm import held_vllm
 from tests.test_vllm_backend import engine_state

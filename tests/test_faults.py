@@ -2,7 +2,7 @@
 
 - The watchdog (backends/watchdog.py) on fake streams with tiny limits, and
   applied the same way by the chat (`ReplyPlan.open_stream`) and the load
-  engine (`bench.runner.run_level`).
+  engine (`core.load.runner.run_level`).
 - Loopback servers that send exactly the broken answers a healthy engine
   cannot be made to give: malformed or truncated stream lines, a chunk of an
   unexpected shape, a stream that ends early (cleanly or by a dropped
@@ -43,15 +43,15 @@ from backends.errors import (
 from backends.openai_compat import OpenAICompatBackend
 from backends.tgi import TGIBackend
 from backends.watchdog import watch, watched
-from bench.prompt_sets import BenchPrompt
-from bench.runner import run_level
-from chat.flow import empty_reply_notice, plan_reply, server_may_be_down
-from chat.settings import SessionSettings
+from core.load.prompt_sets import BenchPrompt
+from core.load.runner import run_level
+from core.replies import empty_reply_notice, plan_reply, server_may_be_down
+from core.settings import SessionSettings
 from config import BackendConfig
 from tests.fakes import FakeBackend, FakeReply, fake_state
 from tests.fixtures_app import PacedServer, start_paced_server
 from tests.fixtures_tgi import TGITestServer, start_paced_tgi_server
-from timing import TimedStream
+from core.timing import TimedStream
 
 ROUTES = ["messages", "generate"]
 QUESTION = [ChatMessage("user", "hi")]

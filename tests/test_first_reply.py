@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from chat.i18n import text
+from core.texts import text
 from load.chainlit_client import ReplyRecord
 from load.first_reply import EMBEDDED_KIND_LABEL, backend_ready_in, final_figures, first_run_problems
 

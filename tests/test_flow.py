@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from backends.base import ChatMessage
-from chat.flow import Notice, ReplyPlan, plan_reply
-from chat.settings import SessionSettings
+from core.replies import Notice, ReplyPlan, plan_reply
+from core.settings import SessionSettings
 from tests.fakes import FakeBackend, fake_state
 
 # The fake backend counts a message as its words plus 4 tokens of template.

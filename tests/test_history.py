@@ -4,7 +4,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from backends.base import ChatMessage
-from chat.history import estimate_tokens, fit_to_context, rebuild_conversation
+from core.history import estimate_tokens, fit_to_context, rebuild_conversation
 from store.records import CompareRound, RoundColumn, StoredReply
 
 
@@ -58,7 +58,7 @@ async def test_unknown_context_sends_everything():
 
 
 def test_bounded_history_keeps_the_newest_whole_turns_within_the_bound():
-    from chat.history import bounded_history
+    from core.history import bounded_history
 
     turns = [ChatMessage(role, f"{role[0]}{i}" + "x" * 98) for i in range(10) for role in ("user", "assistant")]
     assert bounded_history(turns, max_chars=10_000) == turns  # under the bound: untouched
@@ -72,7 +72,7 @@ def test_chainlits_message_lists_of_freed_sessions_are_dropped():
     from chainlit.chat_context import chat_contexts
     from chainlit.session import ws_sessions_id
 
-    from chat.memory import free_closed_sessions
+    from ui.session_memory import free_closed_sessions
 
     chat_contexts.update({"gone-1": [object()], "gone-2": [], "alive": [object()]})
     ws_sessions_id["alive"] = object()

@@ -1,4 +1,4 @@
-"""What a typed message must be before it is sent (chat/input.py): pure checks, plus why NUL goes.
+"""What a typed message must be before it is sent (core/input.py): pure checks, plus why NUL goes.
 
 The browser and protocol side (the same checks seen through the app, forged
 websocket traffic, markup rendered as text) is tests/test_input_browser.py.
@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 
-from chat.i18n import STRINGS, text
-from chat.input import MAX_MESSAGE_CHARS, check_message, remove_control_characters
-from chat.settings import SessionSettings, SettingsRejected, load_presets
+from core.texts import STRINGS, text
+from core.input import MAX_MESSAGE_CHARS, check_message, remove_control_characters
+from core.settings import SessionSettings, SettingsRejected, load_presets
 from config import ChatDefaults
 
 # Texts that must reach the backend exactly as typed.
@@ -185,13 +185,13 @@ def test_settings_the_panel_does_not_have_are_refused(form_defaults):
     ("http://lab:8000, http://lab:8000", ["lab:8000"], [], True),
 ])
 def test_origin_allowed(origin, hosts, listed, allowed):
-    from chat.socket_guard import origin_allowed
+    from ui.socket_guard import origin_allowed
 
     assert origin_allowed(origin, hosts, listed) is allowed
 
 
 def test_the_forwarded_host_counts_only_its_first_value():
-    from chat.socket_guard import request_hosts
+    from ui.socket_guard import request_hosts
 
     assert request_hosts({"HTTP_HOST": "127.0.0.1:8000", "HTTP_X_FORWARDED_HOST": "lab.edu, proxy.internal"}) == [
         "127.0.0.1:8000", "lab.edu"]

@@ -273,7 +273,7 @@ def test_forged_messages_are_refused_or_cleaned_and_the_chat_goes_on(input_app: 
 
 def test_a_long_chat_keeps_a_bounded_number_of_messages_in_the_apps_memory(input_app: AppServer,
                                                                           paced_server: PacedServer):
-    from chat.memory import KEEP_CONTEXT_MESSAGES
+    from ui.session_memory import KEEP_CONTEXT_MESSAGES
 
     paced_server.set_pace(rate_tokens_per_s=500, tokens=5)
     before = requests.get(f"{input_app.url}/lab/state", timeout=10).json()["chat_context_messages"]

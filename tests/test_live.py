@@ -4,8 +4,8 @@ import asyncio
 
 from backends.base import StreamChunk
 from backends.errors import BackendOverloaded
-from chat.live import LiveReply
-from timing import TimedStream
+from ui.live import LiveReply
+from core.timing import TimedStream
 
 
 class FakeMessage:

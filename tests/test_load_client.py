@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from chat.i18n import STRINGS
-from chat.live import live_props
+from core.texts import STRINGS
+from core.figures import live_props
 from load.chainlit_client import (
     ERROR_MARKERS,
     SENT_MESSAGE,
@@ -40,7 +40,7 @@ from load.chainlit_client import (
     user_message,
 )
 from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url
-from timing import LiveFigures
+from core.timing import LiveFigures
 
 RECORDINGS = Path(__file__).parent / "recordings"
 MARKER = re.compile(r"pacedend\d+x[0-9a-f]+$")

@@ -1,4 +1,4 @@
-"""Logging in never stalls the room: the limits (chat/auth.py LoginLimits) on a hand-driven clock,
+"""Logging in never stalls the room: the limits (core/auth.py LoginLimits) on a hand-driven clock,
 and the password check on a worker thread while the event loop keeps ticking."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from chat.auth import AuthConfig, LoginLimits, hash_password
+from core.auth import AuthConfig, LoginLimits, hash_password
 
 
 class Clock:

@@ -8,7 +8,7 @@ decode rate and its exact token count.
 
 The bounds are the README's claims, judged on the median of five attempts:
 a bias in the measurement shows in every attempt, a busy machine's scheduling
-hiccup in one or two, which the median passes over. `bench/measurement_parity.py`
+hiccup in one or two, which the median passes over. `experiments/measurement_parity.py`
 measures the figures that go into the README (+1..+5 ms TTFT, decode within 0.1 %).
 """
 
@@ -25,7 +25,7 @@ from backends.tgi import TGIBackend
 from config import BackendConfig
 from tests.fixtures_app import start_paced_server
 from tests.fixtures_tgi import start_paced_tgi_server
-from timing import RequestRecord, measure, measure_prepared
+from core.timing import RequestRecord, measure, measure_prepared
 
 RATE_TOKENS_PER_S = 100.0
 TOKENS = 60

@@ -37,8 +37,8 @@ from backends.errors import (
 from backends.openai_compat import OpenAICompatBackend, error_message, parse_chunk, server_root
 from config import BackendConfig
 from tests.streams import prepared_stream
-from chat.live import final_props
-from timing import StreamMeter, measure_prepared
+from core.figures import final_props
+from core.timing import StreamMeter, measure_prepared
 
 RECORDINGS = Path(__file__).parent / "recordings"
 USAGE_SOURCE = "vLLM usage"

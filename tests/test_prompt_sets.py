@@ -6,7 +6,7 @@ import unicodedata
 import pytest
 
 from backends.base import ChatMessage
-from bench.prompt_sets import (
+from core.load.prompt_sets import (
     BUILT_IN_SETS,
     PROMPT_SETS_DIR,
     BenchPrompt,

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from compare.ratings import (
+from core.ratings.ratings import (
     FEW_VOTES_PER_BACKEND,
     FEW_VOTES_TOTAL,
     PRIOR_TIES_PER_PAIR,
@@ -261,7 +261,7 @@ def test_an_empty_leaderboard_says_how_to_start():
 
 
 def test_the_leaderboard_message_speaks_the_persons_language():
-    from compare.board import plain_markdown
+    from core.ratings.board import plain_markdown
 
     board = build_leaderboard(MIXED + wins("a", "new", 1), [ReplyFigures("idle", 0.1, 10.0)], bootstrap_samples=1)
     english = plain_markdown(board, unrated_votes=2, lang="en")
@@ -276,7 +276,7 @@ def test_the_leaderboard_message_speaks_the_persons_language():
     for english_words in ("Only", "every round", "no votes yet", "comment", "Judged", "Backend"):
         assert english_words not in chinese, english_words
     # Every note the ratings can give has both texts.
-    from chat.i18n import STRINGS
+    from core.texts import STRINGS
 
     for key in ("no_votes", "few_votes", "unvoted_backend", "few_backend_votes", "won_every_round",
                 "lost_every_round"):
@@ -380,7 +380,7 @@ def test_the_win_matrix_figure_shows_row_versus_column_win_rates():
     ({}, {}),
 ])
 def test_ranks_respect_the_intervals(intervals, expected):
-    from compare.ratings import interval_ranks
+    from core.ratings.ratings import interval_ranks
 
     assert interval_ranks(intervals) == expected
 
@@ -396,7 +396,7 @@ def test_the_table_shows_the_interval_rank_so_overlapping_backends_share_it():
 
 
 def test_the_rating_figure_shows_the_controlled_ratings_beside_the_plain_ones():
-    from compare.ratings import Rating
+    from core.ratings.ratings import Rating
 
     board = build_leaderboard(ORDERED, [], bootstrap_samples=50)
     controlled = {"x": Rating("x", 1010.0, 990.0, 1030.0), "z": Rating("z", 995.0, 980.0, 1010.0)}

@@ -9,10 +9,10 @@ from datetime import datetime, timezone
 import pytest
 
 from backends.errors import ConfigurationError
-from chat.auth import AuthConfig, auth_from_env, hash_password, verify_password
-from chat.reports import replay_markdown, stats_csv, stats_figure, stats_markdown, stats_rows
+from core.auth import AuthConfig, auth_from_env, hash_password, verify_password
+from ui.reports_view import replay_markdown, stats_csv, stats_figure, stats_markdown, stats_rows
 from store import StoredReply
-from timing import RequestRecord
+from core.timing import RequestRecord
 
 
 def reply(backend: str, ttft: float | None, rate: float | None, tokens: int, prompt: str = "hi") -> StoredReply:
@@ -100,13 +100,13 @@ def test_a_daily_vote_cap_is_read_from_env_and_applies_only_with_login():
     ("leaderboard", None),
 ])
 def test_commands_typed_as_text(typed, expected):
-    from chat.commands import typed_command
+    from ui.commands import typed_command
 
     assert typed_command(typed) == expected
 
 
 def test_a_view_buttons_payload_is_only_ever_text():
-    from chat.commands import view_arguments
+    from ui.commands import view_arguments
 
     assert view_arguments({"arguments": "lang=zh"}) == "lang=zh"
     assert view_arguments({"arguments": ["lang=zh"]}) == view_arguments(None) == view_arguments({}) == ""

@@ -14,7 +14,7 @@ import pytest
 import socketio
 from playwright.sync_api import Page, expect
 
-from chat.auth import hash_password
+from core.auth import hash_password
 from load.chainlit_client import SOCKET_PATH, browser_auth, browser_headers
 from tests.fixtures_app import AppServer, backend_env, paced_pair
 

@@ -15,7 +15,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from chat.auth import hash_password
+from core.auth import hash_password
 from tests.fixtures_app import backend_env, paced_pair, run_coroutine as run, stored
 from tests.test_compare_browser import SNAPSHOT_JS, change_settings, send, watch_round
 from tests.test_reports_browser import log_in, wait_ready

@@ -9,9 +9,9 @@ import random
 import pytest
 
 from backends.base import ChatMessage
-from chat.flow import Refusal, plan_reply
-from chat.settings import SessionSettings
-from chat.rounds import (
+from core.replies import Refusal, plan_reply
+from core.settings import SessionSettings
+from core.rounds import (
     Column,
     RevealPace,
     RoundRun,

@@ -254,8 +254,8 @@ async def test_a_second_vote_is_rejected(store):
 
 
 async def test_judgements_and_comments_reach_the_leaderboard(store):
-    from compare.battles import PromptCatalogue, battles_from_votes, rounds_from_battles
-    from compare.ratings import build_leaderboard
+    from core.ratings.battles import PromptCatalogue, battles_from_votes, rounds_from_battles
+    from core.ratings.ratings import build_leaderboard
 
     three = make_round(mode="blind")  # A llama_cpp, B vllm, C tgi
     two = make_round(mode="blind", backends=("vllm", "tgi"))
@@ -467,8 +467,8 @@ def test_a_comment_that_names_a_backend_is_found(comment, named):
 
 
 async def test_stored_votes_export_as_battles_and_rate_the_same_read_back(store, tmp_path):
-    from compare.battles import PromptCatalogue, battles_from_votes, battles_jsonl, read_battles
-    from compare.board import board_json, build_board
+    from core.ratings.battles import PromptCatalogue, battles_from_votes, battles_jsonl, read_battles
+    from core.ratings.board import board_json, build_board
 
     catalogue = PromptCatalogue({"Compare me": ("compare", "en")})
     for number, (outcome, winner, reveal) in enumerate([("win", "A", "pace"), ("win", "B", "finished"),
@@ -520,7 +520,7 @@ async def test_chainlit_history_on_the_same_database(store, db_url, monkeypatch,
     from chainlit.types import Feedback, Pagination, ThreadFilter
     from chainlit.user import User
 
-    from store.chainlit_layer import chainlit_data_layer
+    from ui.chat_history import chainlit_data_layer
 
     class MemoryStorage(BaseStorageClient):
         """Chainlit keeps elements only through a storage client; this one keeps them in memory."""

@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from store import DatabaseUnavailable, NotSaved, SavedLater, Store, normalise_url
 from store import outbox as outbox_module
-from store.chainlit_layer import chainlit_data_layer
+from ui.chat_history import chainlit_data_layer
 from tests.fixtures_postgres import PostgresCluster, new_postgres_database
 from tests.test_store import T0, make_reply, make_round, new_id
 

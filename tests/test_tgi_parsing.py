@@ -24,9 +24,9 @@ from backends.tgi import (
     messages_fields,
     native_parameters,
 )
-from chat.live import ignored_lines
+from core.figures import ignored_lines
 from config import BackendConfig
-from timing import StreamMeter
+from core.timing import StreamMeter
 
 RECORDINGS = Path(__file__).parent / "recordings"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from chat.auth import hash_password
+from core.auth import hash_password
 from store import normalise_url
 from tests.browser_frames import collect_frames, drain_frames
 from tests.fixtures_app import AppServer, backend_env, paced_pair, run_coroutine, stored

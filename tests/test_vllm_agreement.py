@@ -1,10 +1,10 @@
-"""The verdict of bench/vllm_agreement.py (the script itself needs vLLM for minutes): it can fail."""
+"""The verdict of experiments/vllm_agreement.py (the script itself needs vLLM for minutes): it can fail."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.vllm_agreement import agreement_failures
+from experiments.vllm_agreement import agreement_failures
 
 
 def test_all_checks_met_is_no_failure():

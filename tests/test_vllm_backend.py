@@ -22,7 +22,7 @@ from scripts.vllm_launch import BUNDLED_MODEL_NAME
 from tests.controls import reaches_the_cap
 from tests.servers import free_port
 from tests.streams import prepared_stream
-from timing import RequestRecord, TimedStream
+from core.timing import RequestRecord, TimedStream
 
 # A prompt this model answers at length, so `max_new_tokens` is what ends the reply.
 COUNTING_PROMPT = [ChatMessage("user", "Count from 1 to 100, separated by commas.")]

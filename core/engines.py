@@ -1,0 +1,192 @@
+"""The engines at work, without Chainlit: snapshots, the panel's rows, and simulated users.
+
+`take_snapshot` asks a backend for its state (bounded in time, never raising
+for an engine that cannot answer); `panel_props` turns each backend's latest
+two snapshots into the rows the engine panel shows (public/elements/Metrics.jsx
+with kind "engines"); `Simulation` runs N simulated users through the one load
+engine (`core.load.runner`) and keeps the points of the "as N grows" chart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from backends.base import Backend, GenerationParams, display_label
+from backends.engine_metrics import EngineRates, EngineSnapshot, MetricsFormatError, rates
+from backends.errors import BackendError
+from core.load.prompt_sets import BenchPrompt
+from core.load.runner import LiveCounters, run_level
+
+SNAPSHOT_TIMEOUT_S = 2.0
+SIMULATION_USERS = (1, 2, 4, 8, 16)
+SIMULATION_REQUESTS_PER_USER = 2
+SIMULATION_MAX_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class EngineReading:
+    """One backend's state for the panel: its latest snapshot, or why there is none."""
+
+    name: str
+    label: str
+    snapshot: EngineSnapshot | None
+    problem: str | None = None  # "reports no metrics", or why it could not be read
+
+
+async def take_snapshot(backend: Backend, timeout_s: float = SNAPSHOT_TIMEOUT_S) -> EngineReading:
+    """The backend's engine state now; an engine that is down or reports nothing says so."""
+    try:
+        snapshot = await asyncio.wait_for(backend.engine_snapshot(), timeout_s)
+    except BackendError as error:
+        return EngineReading(backend.name, backend.label, None, error.describe())
+    except MetricsFormatError as error:
+        return EngineReading(backend.name, backend.label, None, str(error))
+    except asyncio.TimeoutError:
+        return EngineReading(backend.name, backend.label, None, f"its metrics did not answer within {timeout_s:g} s")
+    if snapshot is None or snapshot.is_empty:
+        return EngineReading(backend.name, backend.label, None, "this engine reports no metrics")
+    return EngineReading(backend.name, backend.label, snapshot)
+
+
+def state_summary(snapshot: EngineSnapshot | None) -> str | None:
+    """'3 running · 2 waiting · KV cache 14%' - the engine's state in one line (None: not reported)."""
+    if snapshot is None:
+        return None
+    parts = []
+    if snapshot.running_requests is not None:
+        parts.append(f"{snapshot.running_requests} running")
+    if snapshot.waiting_requests is not None:
+        parts.append(f"{snapshot.waiting_requests} waiting")
+    if snapshot.kv_cache_usage is not None:
+        parts.append(f"KV cache {snapshot.kv_cache_usage * 100:.0f}%")
+    if snapshot.context_used_tokens is not None and snapshot.context_tokens:
+        parts.append(f"context {snapshot.context_used_tokens}/{snapshot.context_tokens} tokens")
+    return " · ".join(parts) or None
+
+
+def _fmt(value: float | None, pattern: str) -> str | None:
+    return None if value is None else pattern.format(value)
+
+
+def engine_rows(snapshot: EngineSnapshot, change: EngineRates | None) -> list[dict]:
+    """What the panel shows for one engine: (key, label, value) rows; keys are stable for tests."""
+    rows = [
+        ("running", "running requests", _fmt(snapshot.running_requests, "{}")),
+        ("waiting", "waiting requests", _fmt(snapshot.waiting_requests, "{}")),
+        ("kv", "KV-cache use", _fmt(None if snapshot.kv_cache_usage is None else snapshot.kv_cache_usage * 100, "{:.1f}%")),
+        ("prefix", "prefix-cache hit rate", _fmt(
+            None if change is None or change.prefix_cache_hit_rate is None else change.prefix_cache_hit_rate * 100,
+            "{:.0f}% (last second)") or _fmt(None if snapshot.prefix_cache_hit_rate is None else
+                                             snapshot.prefix_cache_hit_rate * 100, "{:.0f}% (since start)")),
+        ("rate", "generation tokens/s", _fmt(None if change is None else change.generation_tokens_per_s, "{:.1f}")),
+        ("preemptions", "preemptions", _fmt(snapshot.preemptions_total, "{:.0f}")),
+        ("queue", "queue size", _fmt(snapshot.queue_size, "{}")),
+        ("batch", "current batch size", _fmt(snapshot.batch_size, "{}")),
+        ("tpot", "mean time per token", _fmt(
+            None if change is None or change.mean_time_per_token_s is None else change.mean_time_per_token_s * 1000,
+            "{:.1f} ms (last second)") or _fmt(None if snapshot.mean_time_per_token_s is None else
+                                               snapshot.mean_time_per_token_s * 1000, "{:.1f} ms (since start)")),
+        ("context", "context used", None if snapshot.context_used_tokens is None or not snapshot.context_tokens else
+         f"{snapshot.context_used_tokens} / {snapshot.context_tokens} tokens"),
+    ]
+    return [{"key": key, "label": label, "value": value} for key, label, value in rows if value is not None]
+
+
+@dataclass(frozen=True)
+class SimulationPoint:
+    """One finished simulation: N users on one backend, and what it achieved."""
+
+    backend: str  # the backend's display label: a stand-in says so
+    users: int
+    output_tokens_per_s: float
+    mean_ttft_ms: float | None
+    completed: int
+    failed: int
+
+
+@dataclass
+class Simulation:
+    """N simulated users (N concurrent requests, each user sending a few) on one backend."""
+
+    backend: Backend
+    users: int
+    stand_in: str | None = None  # the backend's BackendInfo.stand_in
+    live: LiveCounters = field(default_factory=LiveCounters)
+    started_at_s: float = field(default_factory=time.monotonic)
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, output tokens so far)
+    result: SimulationPoint | None = None
+
+    @property
+    def label(self) -> str:
+        """The backend as its results are shown (a stand-in says so)."""
+        return display_label(self.backend.label, self.stand_in)
+
+    def sample(self) -> None:
+        self.samples.append((time.monotonic() - self.started_at_s, self.live.output_tokens))
+
+    def tokens_per_s_now(self, window_s: float = 2.0) -> float | None:
+        """Aggregate output tokens/s over the last `window_s` of samples."""
+        if len(self.samples) < 2:
+            return None
+        now, tokens = self.samples[-1]
+        earlier = next(((t, n) for t, n in reversed(self.samples) if now - t >= window_s), self.samples[0])
+        span = now - earlier[0]
+        return (tokens - earlier[1]) / span if span > 0 else None
+
+    async def run(self, prompts: Sequence[BenchPrompt]) -> SimulationPoint:
+        params = GenerationParams(temperature=0.7, top_p=0.95, max_new_tokens=SIMULATION_MAX_NEW_TOKENS)
+        level = await run_level(self.backend, prompts, concurrency=self.users,
+                                requests=self.users * SIMULATION_REQUESTS_PER_USER, params=params, live=self.live)
+        done = [o.record for o in level.outcomes if o.ok]
+        ttfts = [r.first_token_s * 1000 for r in done if r.first_token_s is not None]
+        self.result = SimulationPoint(
+            backend=self.label, users=self.users,
+            output_tokens_per_s=sum(r.output_tokens for r in done) / level.duration_s if level.duration_s else 0.0,
+            mean_ttft_ms=statistics.fmean(ttfts) if ttfts else None,
+            completed=len(done), failed=len(level.outcomes) - len(done),
+        )
+        return self.result
+
+
+def panel_props(readings: Sequence[EngineReading], previous: dict[str, EngineSnapshot], lang: str, *,
+                simulation: Simulation | None = None, points: Sequence[SimulationPoint] = (),
+                can_simulate: bool = True, message: str | None = None,
+                stand_ins: Mapping[str, str | None] = {}) -> dict:
+    """Props for the engine panel: one card per backend, the running simulation, the N-users chart.
+
+    `stand_ins`: backend name -> its BackendInfo.stand_in, so a stand-in's card says so.
+    """
+    engines = []
+    for reading in readings:
+        entry: dict = {"name": reading.name, "label": display_label(reading.label, stand_ins.get(reading.name)),
+                       "problem": reading.problem}
+        if reading.snapshot is not None:
+            before = previous.get(reading.name)
+            change = None
+            if before is not None and before.source == reading.snapshot.source:
+                try:
+                    change = rates(before, reading.snapshot)
+                except ValueError:
+                    change = None
+            entry["source"] = reading.snapshot.source
+            entry["rows"] = engine_rows(reading.snapshot, change)
+        engines.append(entry)
+    running = None
+    if simulation is not None and simulation.result is None:
+        ttfts = simulation.live.first_token_s
+        running = {"backend": simulation.label, "users": simulation.users,
+                   "inFlight": simulation.live.in_flight, "finished": simulation.live.finished,
+                   "total": simulation.users * SIMULATION_REQUESTS_PER_USER, "failed": simulation.live.failed,
+                   "tokensPerS": simulation.tokens_per_s_now(),
+                   "medianTtftMs": statistics.median(ttfts) * 1000 if ttfts else None}
+    return {
+        "kind": "engines", "lang": lang, "engines": engines, "simulation": running,
+        "points": [{"backend": p.backend, "users": p.users, "tokensPerS": round(p.output_tokens_per_s, 1),
+                    "meanTtftMs": None if p.mean_ttft_ms is None else round(p.mean_ttft_ms, 1),
+                    "completed": p.completed, "failed": p.failed} for p in points],
+        "users": list(SIMULATION_USERS), "canSimulate": can_simulate, "message": message,
+    }

@@ -1,0 +1,183 @@
+"""How far the text on screen lags a fast backend: last token sent -> last token shown.
+
+Starts the paced OpenAI-protocol test server (tests/paced_openai_server.py) and
+the app (`chainlit run app.py --headless`, the paced server as its only
+backend), opens the chat in Debian's chromium and, for each rate, sends a few
+messages whose replies are 300 tokens streamed at exactly that rate. The last
+token of every reply is a marker word unique to the request:
+
+- the server records `time.time()` when it hands that token to the transport;
+- in the page, `Date.now()` is recorded when a WebSocket message carrying the
+  marker arrives, when a MutationObserver sees the marker enter the DOM, and
+  at the next animation frame (when it is painted).
+
+Both clocks are this machine's wall clock. Goal: the marker in the DOM <= 100 ms
+after the server sent it, at 50 and 500 tokens/s. The "painted" column adds the
+wait for the browser's next frame; with software rendering on a busy 2-core
+machine that wait alone can reach ~100 ms, so it is shown but not judged. The
+slowest reply at each rate is judged: the script exits 1 naming a missed goal.
+
+Run: `.venv/bin/python -m experiments.browser_render_latency [--rates 50,500] [--tokens 300] [--repeats 5]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.verdict import at_most, exit_status  # noqa: E402
+from tests.fixtures_app import backend_env, launch_chromium, start_app, start_paced_server  # noqa: E402
+
+GOAL_MS = 100.0
+REPLY_TIMEOUT_S = 120.0
+
+# Installed before the page's scripts: records when a WebSocket message carrying a marker arrives
+# (before the app's client code handles it), to split the delay into network/app and browser work.
+SOCKET_JS = """
+(() => {
+  window.__markerSocket = {};
+  const pattern = /pacedend\\d+x[0-9a-f]{8}/g;
+  const NativeWebSocket = window.WebSocket;
+  window.WebSocket = class extends NativeWebSocket {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("message", (event) => {
+        if (typeof event.data !== "string" || event.data.indexOf("pacedend") < 0) return;
+        const now = Date.now();
+        for (const marker of event.data.match(pattern) || []) {
+          if (!window.__markerSocket[marker]) window.__markerSocket[marker] = now;
+        }
+      });
+    }
+  };
+})();
+"""
+
+# Records, per marker word, when it entered the DOM and when the next frame was drawn.
+OBSERVER_JS = """
+() => {
+  window.__markerSeen = {};
+  const pattern = /pacedend\\d+x[0-9a-f]{8}/g;
+  const scan = (text) => {
+    const found = (text || "").match(pattern);
+    if (!found) return;
+    const now = Date.now();
+    for (const marker of found) {
+      if (window.__markerSeen[marker]) continue;
+      const entry = {domMs: now, frameMs: null};
+      window.__markerSeen[marker] = entry;
+      requestAnimationFrame(() => { entry.frameMs = Date.now(); });
+    }
+  };
+  new MutationObserver((records) => {
+    for (const record of records) {
+      if (record.type === "characterData") {
+        scan(record.target.data);
+      } else {
+        for (const node of record.addedNodes) scan(node.textContent);
+      }
+    }
+  }).observe(document.body, {subtree: true, childList: true, characterData: true});
+}
+"""
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="50,500", help="tokens/s, comma-separated")
+    parser.add_argument("--tokens", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")]
+
+    from playwright.sync_api import sync_playwright
+
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    paced = start_paced_server(rates[0], args.tokens, name="bench-paced-openai")
+    app = None
+    rows: list[tuple[float, int, int, float, float | None, float, float]] = []
+    try:
+        app = start_app({
+            "BACKENDS": "paced", "DEFAULT_BACKEND": "paced",
+            **backend_env("paced", kind="openai", base_url=paced.base_url, label="Paced test server"),
+            "DEFAULT_MAX_NEW_TOKENS": str(max(args.tokens, 16)), "DEFAULT_SYSTEM_PROMPT": "none",
+        }, name="bench-render-app")
+        with sync_playwright() as playwright:
+            browser = launch_chromium(playwright)
+            try:
+                page = browser.new_context(locale="en-US").new_page()
+                page.add_init_script(SOCKET_JS)
+                page.goto(app.url)
+                page.get_by_text("Backends", exact=True).wait_for(timeout=60_000)
+                page.evaluate(OBSERVER_JS)
+                for rate in rates:
+                    paced.set_pace(rate, args.tokens)
+                    for repeat in range(1, args.repeats + 1):
+                        known = len(paced.requests())
+                        page.locator("#chat-input").fill(f"go {rate:g} {repeat}")
+                        page.locator("#chat-submit").click()
+                        request = wait_for(
+                            lambda: (lambda r: r[-1] if len(r) > known and r[-1]["completed"] else None)(
+                                paced.requests()),
+                            REPLY_TIMEOUT_S, "the server to finish the reply")
+                        marker = request["marker"]
+                        seen = wait_for(
+                            lambda: page.evaluate("(m) => { const e = window.__markerSeen[m];"
+                                                  " return e && e.frameMs ? e : null; }", marker),
+                            REPLY_TIMEOUT_S, f"{marker} on screen")
+                        # Let the reply finish (final figures) before the next message.
+                        page.locator('[data-testid="metrics"][data-state="completed"]').nth(known).wait_for(
+                            timeout=REPLY_TIMEOUT_S * 1000)
+                        sent_ms = request["last_token_sent_at_s"] * 1000
+                        stream_s = request["last_token_sent_at_s"] - request["first_token_sent_at_s"]
+                        socket_ms = page.evaluate("(m) => window.__markerSocket[m] || null", marker)
+                        rows.append((rate, repeat, request["tokens_sent"], stream_s,
+                                     None if socket_ms is None else socket_ms - sent_ms,
+                                     seen["domMs"] - sent_ms, seen["frameMs"] - sent_ms))
+                        time.sleep(0.5)
+            finally:
+                browser.close()
+    finally:
+        if app is not None:
+            app.stop()
+        paced.stop()
+
+    print(f"\n{'tokens/s':>8}  {'run':>3}  {'tokens':>6}  {'stream s':>8}  {'sent->socket ms':>15}  "
+          f"{'sent->DOM ms':>12}  {'sent->painted ms':>16}")
+    for rate, repeat, tokens, stream_s, socket_ms, dom_ms, frame_ms in rows:
+        socket = "-" if socket_ms is None else f"{socket_ms:.0f}"
+        print(f"{rate:>8g}  {repeat:>3}  {tokens:>6}  {stream_s:>8.2f}  {socket:>15}  "
+              f"{dom_ms:>12.0f}  {frame_ms:>16.0f}")
+    print(f"\n{'tokens/s':>8}  {'median DOM ms':>13}  {'max DOM ms':>10}  {'median painted ms':>17}  "
+          f"{'max painted ms':>14}  goal: DOM <= {GOAL_MS:.0f} ms")
+    goals = []
+    for rate in rates:
+        dom = [row[5] for row in rows if row[0] == rate]
+        painted = [row[6] for row in rows if row[0] == rate]
+        if dom:
+            print(f"{rate:>8g}  {statistics.median(dom):>13.0f}  {max(dom):>10.0f}  "
+                  f"{statistics.median(painted):>17.0f}  {max(painted):>14.0f}")
+        goals.append(at_most(f"last token sent -> in the DOM at {rate:g} tokens/s, slowest of {len(dom)}",
+                             max(dom) if dom else None, GOAL_MS, unit="ms", digits=0))
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return exit_status(goals)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""What a message or a button asks for: a reply (single or round), or a report.
+
+`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status` and `/prompt` are Chainlit
+commands (picked from the composer) and also work typed as text; `/leaderboard` takes a filter
+("/leaderboard category=code lang=zh"). A message in compare or blind mode starts a round;
+otherwise the session's backend answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import chainlit as cl
+
+from ui import engines_view, reports_view as reports, rounds_view, session_memory as memory, session_view as session
+from core.texts import text
+
+COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt")
+COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat", "engines": "gauge",
+                 "bench": "timer", "status": "activity", "prompt": "shuffle"}
+TAKES_ARGUMENTS = ("leaderboard",)
+
+
+async def announce_commands() -> None:
+    """Offer the commands in the composer."""
+    lang = session.lang()
+    await cl.context.emitter.set_commands([
+        {"id": name, "icon": COMMAND_ICONS[name], "description": text(f"command_{name}", lang), "button": False}
+        for name in COMMANDS
+    ])
+
+
+def report_actions() -> list[cl.Action]:
+    """Buttons for the reports, shown under the backends' status."""
+    lang = session.lang()
+    return [cl.Action(name=name, payload={}, label=text(f"action_{name}", lang), icon=COMMAND_ICONS[name])
+            for name in COMMANDS]
+
+
+def typed_command(content: str) -> tuple[str, str] | None:
+    """(command, arguments) for a command typed as a message: '/stats' alone on the line, or
+    '/leaderboard' with its filter ('/leaderboard category=code'); None for anything else."""
+    typed = content.strip()
+    if not typed.startswith("/"):
+        return None
+    name, _, arguments = typed[1:].partition(" ")
+    if name not in COMMANDS or (arguments.strip() and name not in TAKES_ARGUMENTS):
+        return None
+    return name, arguments.strip()
+
+
+async def on_message(message: cl.Message) -> None:
+    if message.command in COMMANDS:
+        arguments = message.content if message.command in TAKES_ARGUMENTS else ""
+        await run_command(message.command, arguments if isinstance(arguments, str) else "")
+        return
+    user_text = await session.checked_input(message.content, message)
+    if user_text is None:
+        return
+    command = typed_command(user_text)
+    if command:
+        await run_command(*command)
+        return
+    await answer(user_text)
+
+
+async def answer(user_text: str) -> None:
+    """A reply from the session's backend, or a round when compare or blind mode is on."""
+    session.lab().user_prompts.append(user_text)
+    try:
+        if session.session_settings().mode == "chat":
+            await session.reply(user_text)
+        else:
+            await rounds_view.compare_reply(user_text)
+    finally:
+        memory.bound_session()
+
+
+async def run_command(name: str, arguments: str = "") -> None:
+    if session.lab().disclosure.unsure:  # a reopened chat whose rounds could not be read: try again
+        await rounds_view.restore_hidden_rounds(cl.context.session.thread_id)
+    wait = session.lab().disclosure.refusal(name)
+    if wait is not None:  # core.disclosure: it could tie a blind round's column to its backend
+        await session.say(text(wait.key, session.lang(), **wait.values))
+        return
+    if name == "leaderboard":
+        await reports.show_leaderboard(arguments)
+    elif name == "export_votes":
+        await reports.export_votes()
+    elif name == "prompt":
+        await try_a_set_prompt()
+    elif name == "stats":
+        await reports.show_stats()
+    elif name == "replay":
+        await reports.replay_on_all_backends()
+    elif name == "engines":
+        await engines_view.open_panel()
+    elif name == "bench":
+        await engines_view.run_bench()
+    elif name == "status":
+        await session.show_status()
+
+
+async def retry() -> None:
+    """Resend the message that failed, to the backend(s) now selected. Stop works here too."""
+    pending = session.lab().pending
+    if not pending:
+        await session.say(text("retry_gone", session.lang()))
+        return
+    pending = await session.checked_input(pending)
+    if pending is None:
+        return
+    chainlit_session = cl.context.session
+    chainlit_session.current_task = asyncio.current_task()
+    await cl.context.emitter.task_start()
+    try:
+        await cl.Message(content=pending, author="You", type="user_message").send()
+        prompts = session.lab().user_prompts
+        if prompts and prompts[-1] == pending:
+            prompts.pop()  # the failed attempt is replaced by this one
+        await answer(pending)
+    finally:
+        await cl.context.emitter.task_end()
+
+
+def view_arguments(payload: object) -> str:
+    """The filter a leaderboard view button carries ("" when there is none or it is not text)."""
+    arguments = payload.get("arguments") if isinstance(payload, dict) else None
+    return arguments if isinstance(arguments, str) else ""
+
+
+async def try_a_set_prompt() -> None:
+    """Send a random prompt of the shipped set in the person's language, as if they had typed
+    it: in a blind round its vote counts under the prompt's category on the leaderboard."""
+    prompt = random.choice(reports.prompt_sets()[session.lang()])
+    await cl.Message(content=prompt, author="You", type="user_message").send()
+    await answer(prompt)
+
+
+async def run_action(name: str, arguments: str = "") -> None:
+    """A report button: run it as a task the Stop button can end."""
+    chainlit_session = cl.context.session
+    chainlit_session.current_task = asyncio.current_task()
+    await cl.context.emitter.task_start()
+    try:
+        await run_command(name, arguments)
+    finally:
+        await cl.context.emitter.task_end()

@@ -1,0 +1,241 @@
+"""The engine panel, "Simulate N users" and /bench: the Chainlit side.
+
+The panel shows the session's backend(s) - the chosen one, or the compared ones
+- refreshed about once a second while it is open (at most 10 minutes), from each
+engine's own metrics (`core.engines`). A simulation sends N concurrent users'
+requests through the one load engine, in the background, so the person's own
+chat keeps working. /bench runs a short `python -m bench` on the same backends
+and shows its table and chart. Both are load: one load run (a simulation or a
+/bench) at a time per app, with login on only teachers may start one (so a
+classroom cannot multiply the load by 30), and none in blind mode (an engine's
+load would show which column is which). A stand-in backend is labelled as one
+wherever its numbers appear (`display_label`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import chainlit as cl
+import plotly.graph_objects as go
+
+from backends.base import display_label
+from backends.engine_metrics import EngineSnapshot
+from core.load.article import RunSettings, article_table, run_benchmark
+from core.load.prompt_sets import load_prompt_set
+from core.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props, take_snapshot
+from core.replies import AppState, Notice, load_refusal
+from core.texts import text
+from ui.session_view import MetricsElement, app_state, current_user, lab, lang, say, screened, session_settings
+
+REFRESH_S = 1.0
+PANEL_OPEN_FOR_S = 600.0
+SIMULATION_PROMPTS = "en"
+CHAT_BENCH = RunSettings(concurrency=(1, 4), requests=8, max_new_tokens=64, warmup=1, prompt_set="en")
+
+
+@dataclass
+class Panel:
+    """One session's open engine panel."""
+
+    element: MetricsElement
+    backends: list[str]
+    task: asyncio.Task | None = None
+    previous: dict[str, EngineSnapshot] = field(default_factory=dict)
+    points: list[SimulationPoint] = field(default_factory=list)
+    message: str | None = None
+
+
+def _panel() -> Panel | None:
+    return lab().engine_panel
+
+
+def chosen_backends() -> list[str]:
+    settings = session_settings()
+    return list(settings.compare_backends) if settings.mode != "chat" else [settings.backend]
+
+
+def _may_load(identifier: str | None) -> bool:
+    return app_state().auth.is_teacher(identifier)
+
+
+async def open_panel() -> None:
+    """Show the engines of this chat's backend(s), refreshed every second."""
+    lang_code = lang()
+    if not lab().disclosure.panel_allowed(session_settings().mode):
+        await say(text("panel_blind", lang_code))
+        return
+    old = _panel()
+    if old is not None and old.task is not None:
+        old.task.cancel()
+    panel = Panel(MetricsElement(name="Metrics", props={}, display="inline"), chosen_backends())
+    lab().engine_panel = panel
+    await _refresh(panel)
+    await say(text("panel_title", lang_code), author="Engines", elements=[panel.element])
+    panel.task = asyncio.create_task(_refresh_loop(panel))
+
+
+async def close_panel() -> None:
+    """Stop refreshing (the person closed it, or the chat ended)."""
+    panel = _panel()
+    if panel is None or panel.task is None or panel.task.done():
+        return
+    panel.task.cancel()
+    await _show_closed(panel, text("panel_closed", lang()))
+
+
+async def _show_closed(panel: Panel, message: str, *, forget_engines: bool = False) -> None:
+    """The panel's last update: closed, with `message`; without any engine's figures when the
+    session turned blind (core.disclosure: they would show which column is which)."""
+    props = {**panel.element.props, "message": message, "closed": True}
+    if forget_engines:
+        props.update(engines=[], simulation=None, points=[])
+    panel.element.props = props
+    await panel.element.update()
+
+
+async def _refresh(panel: Panel) -> None:
+    state = app_state()
+    backends = [state.registry.get(name) for name in panel.backends]
+    readings = await asyncio.gather(*(take_snapshot(backend) for backend in backends))
+    # An engine whose metrics answer is up: ask its status if none is known yet (cached a while).
+    stand_ins = await _stand_ins(panel.backends, probe={r.name for r in readings if r.snapshot is not None})
+    simulation = state.simulation
+    if simulation is not None and simulation.result is None:
+        simulation.sample()
+    panel.element.props = panel_props(readings, panel.previous, lang(), simulation=simulation, points=panel.points,
+                                      can_simulate=_may_load(current_user()), message=panel.message,
+                                      stand_ins=stand_ins)
+    panel.previous = {reading.name: reading.snapshot for reading in readings if reading.snapshot is not None}
+    if lab().disclosure.panel_allowed(session_settings().mode):  # it may have changed while reading
+        await panel.element.update()
+
+
+async def _refresh_loop(panel: Panel) -> None:
+    closes_at = time.monotonic() + PANEL_OPEN_FOR_S
+    while time.monotonic() < closes_at:
+        await asyncio.sleep(REFRESH_S)
+        if not lab().disclosure.panel_allowed(session_settings().mode):
+            # The session switched to blind mode (or a blind round waits): not one more reading.
+            await _show_closed(panel, text("panel_blind", lang()), forget_engines=True)
+            return
+        await _refresh(panel)
+    panel.message = text("panel_timed_out", lang())
+    await _refresh(panel)
+
+
+async def _stand_ins(names: list[str], probe: set[str] | frozenset[str] = frozenset()) -> dict[str, str | None]:
+    """Each backend's `stand_in` (what it only stands in for, or None) from its last known status;
+    the names in `probe` are asked when none is known (the answer is cached a while)."""
+    state = app_state()
+    known = state.cached_statuses()
+    stand_ins = {}
+    for name in names:
+        status = known.get(name)
+        if (status is None or status.info is None) and name in probe:
+            status = await state.status(name)
+        stand_ins[name] = status.info.stand_in if status is not None and status.info is not None else None
+    return stand_ins
+
+
+async def simulate(payload: object) -> dict:
+    """Start N simulated users on this chat's backend(s), in the background. Returns {"ok", "message"}."""
+    state, lang_code = app_state(), lang()
+    users = payload.get("users") if isinstance(payload, dict) else None
+    if users not in SIMULATION_USERS:
+        return await _refuse(text("simulate_bad_users", lang_code, users=str(users)[:20],
+                                  allowed=", ".join(map(str, SIMULATION_USERS))))
+    names = chosen_backends()
+    backends = [state.registry.get(name) for name in names]
+    async with state.load_lock:
+        if (refusal := load_refusal(state, session_settings().mode, current_user())) is not None:
+            return await _refuse(refusal.render(lang_code))
+        stand_ins = await _stand_ins(names, probe=set(names))
+        labels = ", ".join(display_label(b.label, stand_ins[b.name]) for b in backends)
+        state.simulation = Simulation(backends[0], users, stand_ins[backends[0].name])
+        if _panel() is None:
+            await open_panel()
+        state.start_load(asyncio.create_task(_run_simulations(backends, users, stand_ins)),
+                         Notice("simulate_busy", {"users": users, "backend": labels}))
+    message = text("simulate_started", lang_code, users=users, backends=labels)
+    await say(message)
+    return {"ok": True, "message": message}
+
+
+async def _run_simulations(backends, users: int, stand_ins: dict[str, str | None]) -> None:
+    state = app_state()
+    try:
+        prompts = load_prompt_set(SIMULATION_PROMPTS)
+        results = []
+        try:
+            for backend in backends:
+                simulation = state.simulation
+                if simulation is None or simulation.backend is not backend:
+                    simulation = Simulation(backend, users, stand_ins.get(backend.name))
+                state.simulation = simulation
+                results.append(await simulation.run(prompts))
+                panel = _panel()
+                if panel is not None:
+                    panel.points.append(simulation.result)
+        finally:
+            if state.simulation is not None and state.simulation.result is None:
+                state.simulation.result = SimulationPoint(state.simulation.label, users, 0.0, None, 0, 0)
+        lines = [f"| {p.backend} | {p.users} | {p.output_tokens_per_s:.1f} | "
+                 f"{'–' if p.mean_ttft_ms is None else f'{p.mean_ttft_ms:.0f}'} | {p.completed} | {p.failed} |"
+                 for p in results]
+        await say(text("simulate_done", lang(), users=users) + "\n\n| backend | users | tokens/s (all) | "
+                  "mean TTFT ms | replies | failed |\n|---|---|---|---|---|---|\n" + "\n".join(lines))
+    finally:
+        state.end_load(asyncio.current_task())
+
+
+async def _refuse(message: str) -> dict:
+    await say(f"⚠️ {message}")
+    return {"ok": False, "message": message}
+
+
+async def run_bench() -> None:
+    """A short benchmark of this chat's backend(s) with the app's load engine, with progress."""
+    state, lang_code = app_state(), lang()
+    names = chosen_backends()
+    async with state.load_lock:
+        if (refusal := load_refusal(state, session_settings().mode, current_user())) is not None:
+            await _refuse(refusal.render(lang_code))
+            return
+        stand_ins = await _stand_ins(names, probe=set(names))
+        state.start_load(asyncio.current_task(), Notice("bench_busy", {"backends": ", ".join(
+            display_label(state.registry.get(name).label, stand_ins[name]) for name in names)}))
+    try:
+        await _bench(state, names, lang_code)
+    finally:
+        state.end_load(asyncio.current_task())
+
+
+async def _bench(state: AppState, names: list[str], lang_code: str) -> None:
+    total = len(names) * (CHAT_BENCH.warmup + CHAT_BENCH.requests * len(CHAT_BENCH.concurrency))
+    progress = await say(text("bench_progress", lang_code, done=0, total=total, bar="░" * 20, stage="…"))
+    done = 0
+    last_update = 0.0
+
+    def report(stage: str, _outcome) -> None:
+        nonlocal done, last_update
+        done += 1
+        now = time.monotonic()
+        if now - last_update > 0.5 or done == total:
+            last_update = now
+            filled = round(20 * done / total)
+            progress.content = screened(text("bench_progress", lang_code, done=done, total=total,
+                                             bar="▓" * filled + "░" * (20 - filled), stage=stage))
+            asyncio.get_running_loop().create_task(progress.update())
+
+    run = await run_benchmark(state.registry, names, load_prompt_set(CHAT_BENCH.prompt_set), CHAT_BENCH, report)
+    figure = go.Figure()
+    for engine in run.engines:
+        name = display_label(engine.label, engine.stand_in)
+        figure.add_trace(go.Bar(name=f"{name} tokens/s", x=[f"{s.concurrency} concurrent" for s in engine.summaries],
+                                y=[round(s.output_throughput, 1) for s in engine.summaries]))
+    figure.update_layout(yaxis_title="output tokens/s (all requests)", barmode="group", height=360, margin=dict(t=30))
+    await say(text("bench_title", lang_code) + "\n\n" + article_table(run), author="Benchmark",
+              elements=[cl.Plotly(name="bench_chart", figure=figure, display="inline")])

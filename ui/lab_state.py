@@ -1,0 +1,155 @@
+"""What the running app holds, for operators and the classroom load test: GET /lab/state.
+
+Counts only, nothing about anyone's chats: rows waiting for an unavailable
+database (the outbox), sessions Chainlit keeps (connected,
+and disconnected ones it keeps for `session_timeout` so a tab can reconnect),
+threads, asyncio tasks, TCP connections (from clients, and to backends), open
+files, memory, and each embedded model's own counts (generating, waiting,
+tokens generated so far).
+
+Threads and tasks are counted by kind, because some grow on purpose and stay
+bounded: the database pool's connection threads (aiosqlite runs one thread per
+connection), asyncio's default executor, the one llama.cpp thread per model,
+the task that frees a disconnected session after `session_timeout`, and
+engine.io's ping task, which ends within one ping interval after its socket
+closed. What is left, "other", has no such bound: the load test reads the state
+before and after a run, and "other" that grew and did not come back is a leak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import psutil
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from backends.llamacpp import shared_models
+from store.outbox import all_outboxes
+
+STARTED_AT = time.monotonic()
+
+# Thread names -> kind. The names are the libraries' own (threading.Thread targets and prefixes).
+THREAD_KINDS = (
+    ("_connection_worker_thread", "database"),  # aiosqlite: one per pooled connection
+    ("asyncio_", "executor"),  # asyncio's default ThreadPoolExecutor (bounded by max_workers)
+    ("llama-cpp-", "model"),  # backends.llamacpp: one per loaded model
+)
+# Task coroutine names -> kind.
+TASK_KINDS = (
+    ("clear_on_timeout", "kept_sessions"),  # chainlit.socket: frees a session after session_timeout
+    ("_send_ping", "socket_pings"),  # engine.io: one per socket, ends after the socket closed
+    # A reply being generated (Chainlit's message handler) and its parts (ui/live.py, core/rounds.py):
+    # they end when the reply does, also for a student who has left (the queue still serves them).
+    ("process_message", "replies"),
+    ("LiveReply.", "reply_parts"),
+    ("RoundRun.", "reply_parts"),
+)
+
+
+def _kind(name: str, kinds: tuple[tuple[str, str], ...]) -> str:
+    return next((kind for marker, kind in kinds if marker in name), "other")
+
+
+def _count(names: list[str], kinds: tuple[tuple[str, str], ...]) -> dict[str, int]:
+    counts = {kind: 0 for _, kind in kinds} | {"other": 0}
+    for name in names:
+        counts[_kind(name, kinds)] += 1
+    return counts
+
+
+def _task_name(task: asyncio.Task) -> str:
+    coro = task.get_coro()
+    return getattr(coro, "__qualname__", None) or repr(coro)
+
+
+def _connected_sessions(session_ids) -> int:
+    from chainlit.server import sio
+
+    return sum(1 for sid in session_ids if sio.manager.is_connected(sid, "/"))
+
+
+def embedded_models_state() -> dict[str, dict[str, int]]:
+    """Per in-process model (by file, context and threads): generating now (0 or 1), waiting,
+    tokens generated since the app started and tokens in its context now. Read by tests to see
+    that Stop really ends the embedded generation."""
+    state = {}
+    for model in shared_models():
+        snapshot = model.snapshot()
+        state[f"{model.path.name} (context {model.n_ctx}, threads {model.n_threads})"] = {
+            "generating": snapshot.running_requests,
+            "waiting": snapshot.waiting_requests,
+            "generated_tokens_total": int(snapshot.generation_tokens_total),
+            "context_used_tokens": snapshot.context_used_tokens,
+        }
+    return state
+
+
+DATABASE_FILE_ENDINGS = (".db", ".db-wal", ".db-shm", ".db-journal", ".sqlite", ".sqlite3")
+
+
+def process_state() -> dict:
+    """The app process's resources now."""
+    from chainlit.chat_context import chat_contexts
+    from chainlit.config import config
+    from chainlit.session import ws_sessions_id, ws_sessions_sid
+
+    process = psutil.Process()
+    connections = process.net_connections(kind="tcp")
+    listening = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
+    established = [c for c in connections if c.status == psutil.CONN_ESTABLISHED]
+    from_clients = sum(1 for c in established if c.laddr.port in listening)
+    threads = [t.name for t in threading.enumerate()]
+    tasks = [_task_name(t) for t in asyncio.all_tasks()]
+    files = [f.path for f in process.open_files()]
+    database_files = sum(1 for path in files if path.endswith(DATABASE_FILE_ENDINGS))
+    return {
+        "uptime_s": round(time.monotonic() - STARTED_AT, 1),
+        "sessions": len(ws_sessions_id),
+        "connected_sessions": _connected_sessions(list(ws_sessions_sid)),
+        # Chainlit's per-session message lists (bounded per session by ui/session_memory.py).
+        "chat_contexts": len(chat_contexts),
+        "chat_context_messages": sum(len(messages) for messages in list(chat_contexts.values())),
+        "threads": len(threads),
+        "threads_by_kind": _count(threads, THREAD_KINDS),
+        "tasks": len(tasks),
+        "tasks_by_kind": _count(tasks, TASK_KINDS),
+        # What the unbounded tasks are, by coroutine (names only), to see a leak's source at once.
+        "other_tasks": dict(Counter(n for n in tasks if _kind(n, TASK_KINDS) == "other").most_common(10)),
+        "client_connections": from_clients,
+        "backend_connections": len(established) - from_clients,
+        "open_files": len(files),
+        "open_files_by_kind": {"database": database_files, "other": len(files) - database_files},
+        "rss_mb": round(process.memory_info().rss / 2**20, 1),
+        "session_timeout_s": config.project.session_timeout,
+        "embedded_models": embedded_models_state(),
+        # Rows waiting for an unavailable database (store/outbox.py): how many, the bound, why.
+        "outbox": outbox_state(),
+    }
+
+
+def outbox_state() -> dict:
+    """The database outbox of this process: rows waiting to be written (0 while the database answers)."""
+    states = [outbox.state() for outbox in all_outboxes()]
+    return {
+        "waiting": sum(state.waiting for state in states),
+        "max_rows": max((state.max_rows for state in states), default=None),
+        "set_aside": sum(state.failed for state in states),
+        "problem": next((state.problem for state in states if state.problem), None),
+    }
+
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+async def state_endpoint(request: Request) -> JSONResponse:
+    """Only for the machine the app runs on: a request from elsewhere, or one a proxy forwarded
+    (which would otherwise look local), is refused."""
+    client = request.client.host if request.client else ""
+    if client not in LOOPBACK or "x-forwarded-for" in request.headers or "forwarded" in request.headers:
+        return JSONResponse({"error": "GET /lab/state answers only on the app's own machine (loopback, not "
+                                      "through a proxy)."}, status_code=403)
+    return JSONResponse(process_state())
