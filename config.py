@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping
 
+from vocabulary import MAX_COLUMNS, MIN_COLUMNS, MODES, REVEALS, RUN_ORDERS
+
 
 REPO = Path(__file__).resolve().parent  # the repository root: the app, prompts/, .data/, .env
 
@@ -129,10 +131,10 @@ class ChatDefaults:
             repetition_penalty=_optional_bound(env, "DEFAULT_REPETITION_PENALTY", base.repetition_penalty),
             seed=_optional_bound(env, "DEFAULT_SEED", base.seed),
             system_prompt_preset=env.get("DEFAULT_SYSTEM_PROMPT", base.system_prompt_preset),
-            mode=_one_of(env, "DEFAULT_MODE", ("chat", "compare", "blind")),
+            mode=_one_of(env, "DEFAULT_MODE", MODES),
             compare_backends=_compare_backends(env, backend_names),
-            run_order=_one_of(env, "DEFAULT_RUN_ORDER", ("auto", "sequential", "concurrent")),
-            reveal=_one_of(env, "DEFAULT_REVEAL", ("finished", "pace", "live")),
+            run_order=_one_of(env, "DEFAULT_RUN_ORDER", RUN_ORDERS),
+            reveal=_one_of(env, "DEFAULT_REVEAL", REVEALS),
         )
 
 
@@ -161,7 +163,7 @@ def _compare_backends(env: Mapping[str, str], backend_names: list[str]) -> tuple
     if not names:
         return tuple(backend_names[:2])
     unknown = [name for name in names if name not in backend_names]
-    if unknown or not 2 <= len(names) <= 4 or len(set(names)) != len(names):
+    if unknown or not MIN_COLUMNS <= len(names) <= MAX_COLUMNS or len(set(names)) != len(names):
         raise ConfigurationError(
             f"DEFAULT_COMPARE_BACKENDS={raw!r}: name 2 to 4 different backends of BACKENDS ({', '.join(backend_names)})."
         )

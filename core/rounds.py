@@ -26,6 +26,7 @@ from typing import Awaitable, Callable, Literal, Mapping, Sequence
 from urllib.parse import urlparse
 
 from core.concurrency import run_together
+from vocabulary import COLUMN_LABELS as LABELS, LOOPBACK_HOSTS, MAX_COLUMNS, MIN_COLUMNS, REVEALS, RUN_ORDERS
 from backends.base import Backend
 from backends.errors import BackendError
 from core.engines import state_summary
@@ -34,14 +35,7 @@ from core.texts import text
 from core.figures import final_props, live_props
 from core.timing import FINAL_STATES, RequestRecord, TimedStream
 
-LABELS = ("A", "B", "C", "D")
-MIN_COLUMNS, MAX_COLUMNS = 2, 4
-RUN_ORDERS = ("auto", "sequential", "concurrent")
-# Blind text: when every column has finished; at one common pace (RevealPace); or live, each column
-# as its engine sends it (speed in plain view: what the speed-controlled leaderboard measures).
-REVEALS = ("finished", "pace", "live")
 TICK_S = 0.06  # one element update per tick for the whole round: the last token shows within ~100 ms
-LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 ColumnState = Literal["waiting", "streaming", "completed", "stopped", "error"]
 # Prepares one column's reply (core.replies.plan_reply for its backend): its plan, or why it cannot run.

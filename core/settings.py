@@ -12,13 +12,11 @@ from backends.errors import UnknownBackend
 from core.texts import text
 from core.input import remove_control_characters
 from config import REPO, Bound, ChatDefaults, OptionalBound
+from vocabulary import MODES, REVEALS, RUN_ORDERS
 
 PROMPTS_DIR = REPO / "prompts"
 NO_SYSTEM_PROMPT = "none"
 MAX_SYSTEM_PROMPT_CHARS = 20_000
-MODES = ("chat", "compare", "blind")
-RUN_ORDERS = ("auto", "sequential", "concurrent")
-REVEALS = ("finished", "pace", "live")
 
 
 def load_presets(directory: Path = PROMPTS_DIR) -> dict[str, str]:

@@ -14,15 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+from vocabulary import (JUDGEMENTS, REPLY_MODES, REPLY_STATUSES, REVEALS, ROUND_MODES, RUN_ORDERS_TAKEN as RUN_ORDERS,
+                        VOTE_OUTCOMES)
 from store.errors import VoteRejected
 
-REPLY_MODES = ("chat", "compare", "blind", "replay")
-REPLY_STATUSES = ("completed", "stopped", "error")
-ROUND_MODES = ("compare", "blind")
-RUN_ORDERS = ("sequential", "concurrent")
-VOTE_OUTCOMES = ("win", "tie", "both_bad")
-JUDGEMENTS = ("good", "bad")
-REVEALS = ("finished", "pace", "live")  # how a blind round showed its text before the vote
 # Why a vote is kept but not rated. A comment that names a backend shows the voter knew (or
 # guessed) who answered, so the vote is not blind any more (Chatbot Arena drops such votes too).
 UNRATED_COMMENT_NAMES_BACKEND = "comment_names_backend"

@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse
 
 from backends.llamacpp import shared_models
 from store.outbox import all_outboxes
+from vocabulary import LOOPBACK_HOSTS
 
 STARTED_AT = time.monotonic()
 
@@ -142,14 +143,13 @@ def outbox_state() -> dict:
     }
 
 
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 async def state_endpoint(request: Request) -> JSONResponse:
     """Only for the machine the app runs on: a request from elsewhere, or one a proxy forwarded
     (which would otherwise look local), is refused."""
     client = request.client.host if request.client else ""
-    if client not in LOOPBACK or "x-forwarded-for" in request.headers or "forwarded" in request.headers:
+    if client not in LOOPBACK_HOSTS or "x-forwarded-for" in request.headers or "forwarded" in request.headers:
         return JSONResponse({"error": "GET /lab/state answers only on the app's own machine (loopback, not "
                                       "through a proxy)."}, status_code=403)
     return JSONResponse(process_state())

@@ -16,8 +16,8 @@ from urllib.parse import urlparse
 import psutil
 
 from backends.base import Backend
+from vocabulary import LOOPBACK_HOSTS
 
-LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 MIB = 1024 * 1024
 
 

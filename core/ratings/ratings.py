@@ -40,15 +40,15 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
+
+from vocabulary import JUDGEMENTS, MAX_COLUMNS, MIN_COLUMNS, VOTE_OUTCOMES
 import plotly.graph_objects as go
 
 Outcome = Literal["win", "tie", "both_bad"]
 Verdict = Literal["good", "bad"]
 
-OUTCOMES: tuple[str, ...] = ("win", "tie", "both_bad")
-VERDICTS: tuple[str, ...] = ("good", "bad")
-MIN_COLUMNS = 2
-MAX_COLUMNS = 4
+OUTCOMES: tuple[str, ...] = VOTE_OUTCOMES
+VERDICTS: tuple[str, ...] = JUDGEMENTS
 
 RATING_MEAN = 1000.0
 RATING_POINTS_PER_TENFOLD_ODDS = 400.0
