@@ -22,10 +22,9 @@ says how long the prompt was.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass
 
-from core.texts import text
+from core.notices import Notice
 
 # ~8-10k tokens of English (fewer characters per token in Chinese): more than the
 # context of the small models a classroom runs, far below socket.io's 1,000,000-
@@ -37,21 +36,6 @@ MAX_MESSAGE_CHARS = 32_000
 _CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _LONE_SURROGATES = re.compile("[\ud800-\udfff]")
 REPLACEMENT_CHARACTER = "\ufffd"
-
-
-@dataclass(frozen=True)
-class Notice:
-    """Something to tell the person about their message, as data (rendered by core.texts).
-
-    The same shape as `core.replies.Notice`; kept here so that this module (and
-    core.settings, which shares its control-character rule) need not import the
-    reply flow, which imports them."""
-
-    key: str
-    values: Mapping[str, object] = field(default_factory=dict)
-
-    def render(self, lang: str) -> str:
-        return text(self.key, lang, **self.values)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping, Sequence
 
-from backends.base import SETTING_LABELS, Backend, ChatMessage, PreparedRequest, display_label
+from backends.base import Backend, ChatMessage, PreparedRequest, display_label
 from backends.engine_metrics import EngineSnapshot
 from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
 from backends.registry import BackendStatus, Registry
@@ -26,7 +26,8 @@ from backends.watchdog import watched
 from core.auth import AuthConfig, auth_from_env
 from core.engines import Simulation, take_snapshot
 from core.history import fit_to_context
-from core.texts import text
+from core.figures import ignored_lines
+from core.notices import Notice
 from core.settings import SessionSettings, load_presets
 from config import ChatDefaults, backend_names, load_env
 from store import SavedLater, Store, StoredReply, StoreError
@@ -39,17 +40,6 @@ INFO_CACHE_S = 30.0
 STORAGE_RETRY_S = 30.0  # a database that could not be opened is tried again after this long
 STATUS_TIMEOUT_S = 4.0
 ENGINE_STATE_TIMEOUT_S = 1.0
-
-
-@dataclass(frozen=True)
-class Notice:
-    """Something the person should know about a reply, as data (rendered by core.texts)."""
-
-    key: str
-    values: Mapping[str, object] = field(default_factory=dict)
-
-    def render(self, lang: str) -> str:
-        return text(self.key, lang, **self.values)
 
 
 @dataclass
@@ -255,20 +245,6 @@ def empty_reply_notice(record: RequestRecord, reply_text: str) -> Notice | None:
     return Notice("empty_reply", {"tokens": record.output_tokens, "finish_reason": record.finish_reason or "?"})
 
 
-def ignored_notes(request: PreparedRequest) -> list[str]:
-    """One line per setting the engine could not honour, e.g. 'top-k is not supported by ...: ignored'."""
-    return [ignored.describe() for ignored in request.ignored]
-
-
-def sent_summary(request: PreparedRequest) -> str:
-    """What went on the wire, in the engine's own names: 'temperature=0.7, top_p=0.9, ...'."""
-    return ", ".join(f"{name}={value}" for name, value in request.sent.items())
-
-
-def setting_label(name: str) -> str:
-    return SETTING_LABELS.get(name, name)
-
-
 def stored_reply(
     plan: ReplyPlan,
     record: RequestRecord,
@@ -303,7 +279,7 @@ def stored_reply(
         total_s=record.total_s,
         ms_per_output_token=record.ms_per_output_token,
         settings_sent={"sent": dict(plan.request.sent), "chosen": plan.request.params.chosen(),
-                       "ignored": ignored_notes(plan.request), "notes": list(plan.request.notes)},
+                       "ignored": ignored_lines(plan.request), "notes": list(plan.request.notes)},
         record={**record.as_dict(include_timeline=True),
                 "engine_at_start": asdict(plan.engine_at_start) if plan.engine_at_start else None},
         error=record.error,

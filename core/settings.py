@@ -9,7 +9,6 @@ from typing import Mapping, Sequence
 
 from backends.base import SETTING_LABELS, GenerationParams
 from backends.errors import UnknownBackend
-from core.texts import text
 from core.input import remove_control_characters
 from config import REPO, Bound, ChatDefaults, OptionalBound
 from vocabulary import MODES, REVEALS, RUN_ORDERS

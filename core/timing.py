@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import AsyncIterator, Callable, Literal, Sequence
+from typing import AsyncIterator, Callable, Iterable, Literal, Sequence
 
 from backends.base import ServerFigures, StreamChunk
 
@@ -46,6 +46,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     rank = (len(ordered) - 1) * q / 100.0
     low, high = math.floor(rank), math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def percentile_of(values: Iterable[float | None], q: float) -> float | None:
+    """`percentile` over the values that are known (None left out); None when none is."""
+    known = [value for value in values if value is not None]
+    return percentile(known, q) if known else None
+
+
+def median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the known values (None left out); None when none is."""
+    return percentile_of(values, 50)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ Run: `.venv/bin/python -m experiments.first_reply_parity [--warm 4] [--first-tok
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys

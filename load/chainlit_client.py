@@ -56,7 +56,6 @@ SOCKET_PATH = "/ws/socket.io"
 # The app's error message title (core/texts.py "error_title"), in both UI languages.
 ERROR_MARKERS = ("could not answer", "无法回答")
 # Chainlit's own callback names for the run steps that wrap them.
-CHAT_START_STEP = "on_chat_start"
 MESSAGE_STEP = "on_message"
 # How a recording marks the message the client sent (not a server event).
 SENT_MESSAGE = "> client_message"

@@ -20,22 +20,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from core.timing import percentile_of
+
 FAILED_OUTCOMES = ("error", "empty", "timeout", "disconnected")
 WARM_UP_S = 30.0
-
-
-def percentile(values: Iterable[float], fraction: float) -> float | None:
-    """Nearest-rank percentile (`fraction` in (0, 1]); None without values."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 @dataclass(frozen=True)
@@ -89,13 +82,13 @@ class Summary:
         probes = len(self.health_s) + self.health_failures
         if not probes:
             return None
-        return HealthFigures(probes, self.health_failures, percentile(self.health_s, 0.5),
-                             percentile(self.health_s, 0.99), max(self.health_s, default=None))
+        return HealthFigures(probes, self.health_failures, percentile_of(self.health_s, 50),
+                             percentile_of(self.health_s, 99), max(self.health_s, default=None))
 
     def last_line(self) -> str:
         return (f"users={self.users} messages={self.messages} replied={self.replied} errors={self.errors} "
-                f"p50_reply_s={_figure(percentile(self.reply_s, 0.50))} "
-                f"p99_reply_s={_figure(percentile(self.reply_s, 0.99))} "
+                f"p50_reply_s={_figure(percentile_of(self.reply_s, 50))} "
+                f"p99_reply_s={_figure(percentile_of(self.reply_s, 99))} "
                 f"max_rss_mb={_figure(self.memory.max_mb if self.memory else None, 1)}")
 
 
@@ -236,11 +229,11 @@ def report_lines(summary: Summary) -> list[str]:
                  f"{s.unfinished} still in flight at the end")
     for kind, count in s.failures_by_kind.most_common():
         lines.append(f"  failed: {count} x {kind}")
-    lines.append(f"reply (sent -> whole reply): p50 {_s(percentile(s.reply_s, 0.5))}, "
-                 f"p90 {_s(percentile(s.reply_s, 0.9))}, p99 {_s(percentile(s.reply_s, 0.99))}, "
+    lines.append(f"reply (sent -> whole reply): p50 {_s(percentile_of(s.reply_s, 50))}, "
+                 f"p90 {_s(percentile_of(s.reply_s, 90))}, p99 {_s(percentile_of(s.reply_s, 99))}, "
                  f"max {_s(max(s.reply_s, default=None))}")
-    lines.append(f"first text (sent -> first token on screen): p50 {_s(percentile(s.first_token_s, 0.5))}, "
-                 f"p99 {_s(percentile(s.first_token_s, 0.99))}")
+    lines.append(f"first text (sent -> first token on screen): p50 {_s(percentile_of(s.first_token_s, 50))}, "
+                 f"p99 {_s(percentile_of(s.first_token_s, 99))}")
     if s.queued:
         lines.append(f"queue: {s.queued} messages waited with a visible place (highest place {s.queue_max_position}); "
                      f"{s.queued_unanswered} of them got no whole reply, {s.queued_never_moved} of those "

@@ -151,7 +151,6 @@ feedbacks = Table(
     Index("ix_feedbacks_forId", "forId"),
 )
 
-CHAINLIT_TABLES = ("users", "threads", "steps", "elements", "feedbacks")
 
 # --- The app's tables -------------------------------------------------------
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from load.summary import memory_from_samples, percentile, report_lines, state_lines, summarize_records
+from core.timing import percentile_of
+from load.summary import memory_from_samples, report_lines, state_lines, summarize_records
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "classroom_load.sh"
@@ -52,10 +53,11 @@ def test_the_script_refuses_what_is_out_of_bounds_before_starting_anything(args,
 # ---------------------------------------------------------------- the summary
 
 
-def test_percentiles_are_nearest_rank():
+def test_the_summary_uses_the_timing_modules_percentiles():
     values = [float(v) for v in range(1, 101)]
-    assert percentile(values, 0.5) == 50.0 and percentile(values, 0.99) == 99.0
-    assert percentile([3.0], 0.99) == 3.0 and percentile([], 0.5) is None
+    # Linear between ranks, as numpy, vllm bench serve and every other figure of the app.
+    assert percentile_of(values, 50) == 50.5 and round(percentile_of(values, 99), 2) == 99.01
+    assert percentile_of([3.0], 99) == 3.0 and percentile_of([], 50) is None and percentile_of([None, 2.0], 50) == 2.0
 
 
 def test_summary_counts_every_message_once_and_ends_with_the_machine_line():
@@ -73,7 +75,7 @@ def test_summary_counts_every_message_once_and_ends_with_the_machine_line():
     summary = summarize_records(records, users=3)
     summary.memory = memory_from_samples([(0.0, 100.0), (40.0, 300.0), (80.0, 310.0), (120.0, 305.0)])
     lines = report_lines(summary)
-    assert lines[-1] == ("users=3 messages=5 replied=2 errors=2 p50_reply_s=1.00 p99_reply_s=3.00 "
+    assert lines[-1] == ("users=3 messages=5 replied=2 errors=2 p50_reply_s=2.00 p99_reply_s=2.98 "
                          "max_rss_mb=310.0")
     text = "\n".join(lines)
     assert "1 failed to open" in text

@@ -12,7 +12,6 @@ import csv
 import functools
 import io
 import json
-import statistics
 from dataclasses import asdict
 from typing import Sequence
 
@@ -30,7 +29,7 @@ from core.ratings.board import Board, ViewError, board_markdown, build_board, pa
 from core.ratings.ratings import ReplyFigures, leaderboard_figure, win_matrix_figure
 from store import StoredReply, StoreError
 from store.records import utc_now
-from core.timing import RequestRecord
+from core.timing import RequestRecord, median_of
 
 STATS_COLUMNS = ("created_at", "backend", "model", "mode", "status", "first_token_ms", "decode_tokens_per_s",
                  "output_tokens", "ms_per_output_token", "total_s", "prompt")
@@ -231,17 +230,12 @@ async def show_stats() -> None:
 # ---------------------------------------------------------------- replay
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [value for value in values if value is not None]
-    return statistics.median(present) if present else None
-
-
 def replay_markdown(results: dict[str, list[RequestRecord]], failures: dict[str, list[str]]) -> str:
     lines = ["| backend | replies | failed | TTFT ms (median) | tokens/s (median) | tokens | total s |",
              "|---|---|---|---|---|---|---|"]
     for backend, records in results.items():
-        ttft = _median([r.first_token_s for r in records])
-        rate = _median([r.decode_tokens_per_s for r in records])
+        ttft = median_of([r.first_token_s for r in records])
+        rate = median_of([r.decode_tokens_per_s for r in records])
         lines.append(f"| {backend} | {len(records)} | {len(failures.get(backend, []))} | "
                      f"{'–' if ttft is None else f'{ttft * 1000:.1f}'} | {'–' if rate is None else f'{rate:.1f}'} | "
                      f"{sum(r.output_tokens for r in records)} | {sum(r.total_s for r in records):.1f} |")

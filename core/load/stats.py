@@ -19,7 +19,6 @@ from typing import Sequence
 from core.load.runner import LevelResult, RequestOutcome
 from core.timing import percentile
 
-PERCENTILES = (50, 90, 99)
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,13 @@ apart are compare.controlled; votes as a dataset are compare.battles.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from core.timing import median_of
 from vocabulary import JUDGEMENTS, MAX_COLUMNS, MIN_COLUMNS, VOTE_OUTCOMES
 import plotly.graph_objects as go
 
@@ -573,8 +573,8 @@ def _row(
         rating=rating.rating if rating else None,
         ci_low=rating.ci_low if rating else None,
         ci_high=rating.ci_high if rating else None,
-        median_first_token_s=_median([f.first_token_s for f in figures]),
-        median_decode_tokens_per_s=_median([f.decode_tokens_per_s for f in figures]),
+        median_first_token_s=median_of([f.first_token_s for f in figures]),
+        median_decode_tokens_per_s=median_of([f.decode_tokens_per_s for f in figures]),
         replies=len(figures),
     )
 
@@ -610,11 +610,6 @@ def _notes(rows: Sequence[LeaderboardRow], total_votes: int) -> tuple[Leaderboar
             key = "won_every_round" if row.wins == row.votes else "lost_every_round"
             notes.append(LeaderboardNote(key, {"backend": row.backend, "votes": row.votes}))
     return tuple(notes)
-
-
-def _median(values: Iterable[float | None]) -> float | None:
-    known = [value for value in values if value is not None]
-    return statistics.median(known) if known else None
 
 
 def _format(value: float | None, pattern: str) -> str:
