@@ -1,170 +1,39 @@
-"""The reply flow without Chainlit: shared state, backend status, and preparing a reply as data.
+"""The reply flow without Chainlit, end to end: plan -> stream -> store -> notices.
 
 `plan_reply` does everything that happens before a reply streams - checking
 the backend, fitting the history into its context, fixing the sampling
-settings and preparing the request (lookups, templating) - and returns
-either a `ReplyPlan` or a `Refusal`, with what the person should be told as
-`Notice`s. The Chainlit layer (`ui/session_view.py`) only renders them; tests
-drive this module with a fake backend.
+settings and preparing the request (lookups, templating), and reading the
+engine's state - and returns a `ReplyPlan` or a `Refusal`. `answer` runs a
+chat reply through it: the plan's notices, the stream (drawn by the view,
+consumed by the one loop, core.streaming), the stored row, what the person
+must be told (not saved, an empty reply, an error with Retry), and the
+conversation that goes on. The UI (ui/session_view.py) only implements
+`ReplyView`: how to show a notice, an error, a streaming reply.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
-import time
 import uuid
-from dataclasses import asdict, dataclass, field, replace
-from typing import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Mapping, Protocol, Sequence
 
 from backends.base import Backend, ChatMessage, PreparedRequest, display_label
 from backends.engine_metrics import EngineSnapshot
-from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
-from backends.registry import BackendStatus, Registry
+from backends.errors import BackendError
 from backends.watchdog import watched
-from core.auth import AuthConfig, auth_from_env
-from core.engines import Simulation, take_snapshot
-from core.history import fit_to_context
+from core.app_state import AppState
+from core.engines import take_snapshot
 from core.figures import ignored_lines
+from core.history import fit_to_context
 from core.notices import Notice
-from core.settings import SessionSettings, load_presets
-from config import ChatDefaults, backend_names, load_env
-from store import SavedLater, Store, StoredReply, StoreError
-from store.records import utc_now
+from core.session_state import LabSession
+from core.settings import SessionSettings
+from core.streaming import StreamOutcome
 from core.timing import RequestRecord, TimedStream
+from store import StoredReply
+from store.records import utc_now
 
-log = logging.getLogger(__name__)
-
-INFO_CACHE_S = 30.0
-STORAGE_RETRY_S = 30.0  # a database that could not be opened is tried again after this long
-STATUS_TIMEOUT_S = 4.0
 ENGINE_STATE_TIMEOUT_S = 1.0
-
-
-@dataclass
-class AppState:
-    """Shared by every session in this process: backends, defaults, presets, a status cache."""
-
-    registry: Registry
-    defaults: ChatDefaults
-    presets: dict[str, str]
-    database_url: str | None = None  # None: DATABASE_URL, else the SQLite file
-    _statuses: dict[str, tuple[float, BackendStatus]] = field(default_factory=dict)
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    _store: Store | None = None
-    storage_problem: str | None = None
-    _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _storage_failed_at: float = 0.0
-    # One load run at a time in the whole app - a simulation of N users or a /bench - so a classroom
-    # cannot multiply the load. The running one's task is kept here until it ends (asyncio itself
-    # keeps only a weak reference to a task), with the notice that refuses another meanwhile.
-    simulation: Simulation | None = None
-    load_task: asyncio.Task | None = None
-    load_notice: Notice | None = None
-    load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "AppState":
-        if env is None:
-            load_env()
-            env = dict(os.environ)
-        return cls(
-            registry=Registry.from_env(env),
-            defaults=ChatDefaults.from_env(env, backend_names(env)),
-            presets=load_presets(),
-            auth=auth_from_env(env),
-        )
-
-    async def status(self, name: str, fresh: bool = False) -> BackendStatus:
-        """Health + info of one backend, cached briefly so a classroom does not hammer servers.
-        A backend that was down is always probed again."""
-        cached = self._statuses.get(name)
-        if cached and not fresh and time.monotonic() - cached[0] < INFO_CACHE_S and cached[1].available:
-            return cached[1]
-        status = await self.registry.status(name, STATUS_TIMEOUT_S)
-        self._statuses[name] = (time.monotonic(), status)
-        return status
-
-    async def storage(self) -> Store | None:
-        """The database (opened and migrated once per process), or None with `storage_problem`
-        saying why: the chat keeps working without it, it only cannot keep replies and votes.
-        A database that could not be opened is tried again after STORAGE_RETRY_S."""
-        async with self._store_lock:
-            retry = (self.storage_problem is not None
-                     and time.monotonic() - self._storage_failed_at >= STORAGE_RETRY_S)
-            if self._store is None and (self.storage_problem is None or retry):
-                try:
-                    store = await Store.open(self.database_url)
-                    await store.migrate()
-                except StoreError as error:
-                    self.storage_problem = str(error)
-                    self._storage_failed_at = time.monotonic()
-                    log.error("storage unavailable: %s", error)
-                else:
-                    self._store, self.storage_problem = store, None
-            return self._store
-
-    async def save_reply(self, reply: StoredReply) -> Notice | None:
-        """Store one reply; None when it is in the database, else what the person should be told:
-        kept to be written later (the database is unavailable), or not kept, and why."""
-        store = await self.storage()
-        if store is None:
-            return Notice("not_saved", {"problem": self.storage_problem or "no database"})
-        try:
-            await store.save_reply(reply)
-        except SavedLater as later:
-            log.warning("reply %s waits in the outbox: %s", reply.id, later.problem)
-            return Notice("saved_later", {"waiting": later.waiting})
-        except StoreError as error:
-            log.error("could not store reply %s: %s", reply.id, error)
-            return Notice("not_saved", {"problem": str(error)})
-        return None
-
-    async def statuses(self, fresh: bool = False) -> dict[str, BackendStatus]:
-        """Every configured backend's status, probed concurrently, in configuration order
-        (`fresh`: probe every one now, as /status does)."""
-        results = await asyncio.gather(*(self.status(name, fresh) for name in self.registry.names))
-        return {status.name: status for status in results}
-
-    def cached_statuses(self) -> dict[str, BackendStatus]:
-        """The last status seen of each backend probed so far (no probing)."""
-        return {name: status for name, (_, status) in self._statuses.items()}
-
-    def running_load(self) -> Notice | None:
-        """The load run going on now, as the notice that refuses another one; None when there is none."""
-        if self.load_task is None or self.load_task.done():
-            return None
-        return self.load_notice
-
-    def start_load(self, task: asyncio.Task, notice: Notice) -> None:
-        """Make `task` the app's one load run (under `load_lock`, after `running_load()` said None);
-        the task calls `end_load` when it ends."""
-        self.load_task, self.load_notice = task, notice
-
-    def end_load(self, task: asyncio.Task | None) -> None:
-        if self.load_task is task:
-            self.load_task, self.load_notice = None, None
-
-
-def load_refusal(state: AppState, mode: str, user: str | None) -> Notice | None:
-    """Why this person may not start load (a simulation or /bench) now, or None. With login on only
-    teachers may; never in blind mode (an engine's load would show which column is which); and one
-    load run at a time in the app."""
-    if not state.auth.is_teacher(user):
-        return Notice("simulate_teachers_only")
-    if mode == "blind":
-        return Notice("panel_blind")
-    return state.running_load()
-
-
-# A reply that failed this way may mean the server went down: probe it again and show the result.
-SERVER_MAY_BE_DOWN = (BackendUnavailable, BackendTimeout, ConnectionLost)
-
-
-def server_may_be_down(error: BackendError | None) -> bool:
-    """Whether a failed reply should make the app probe its backend again (and update the list)."""
-    return isinstance(error, SERVER_MAY_BE_DOWN)
 
 
 @dataclass(frozen=True)
@@ -284,3 +153,53 @@ def stored_reply(
                 "engine_at_start": asdict(plan.engine_at_start) if plan.engine_at_start else None},
         error=record.error,
     )
+
+
+# ---------------------------------------------------------------- a chat reply, end to end
+
+
+class ReplyView(Protocol):
+    """What a chat reply needs from the screen it is shown on (ui/session_view.py in the app)."""
+
+    async def notice(self, notice: Notice) -> None:
+        """Tell the person something (a trimmed history, a row not saved, an empty reply)."""
+
+    async def failed(self, label: str, reason: str) -> None:
+        """Say that `label` could not answer and why; offer to send the message again."""
+
+    async def stream(self, plan: ReplyPlan) -> tuple[StreamOutcome, str]:
+        """Show the reply as it streams (`plan.open_stream()`, consumed by core.streaming) and its
+        final figures; return how it ended and the id the reply is shown (and stored) under."""
+
+    async def backends_checked(self, failed: Sequence[tuple[str, BackendError | None]]) -> None:
+        """After replies: the backends whose reply failed may be down; show the list as it is now."""
+
+
+async def answer(state: AppState, session: LabSession, user_text: str, view: ReplyView, *,
+                 thread_id: str | None, user: str | None) -> None:
+    """Answer one message with the session's backend and settings: plan, stream, store, tell."""
+    plan = await plan_reply(state, session.settings, session.history, user_text)
+    if isinstance(plan, Refusal):
+        session.pending = user_text
+        await view.failed(plan.label, plan.reason)
+        await view.backends_checked(())
+        return
+    for notice in plan.notices:
+        await view.notice(notice)
+    outcome, reply_id = await view.stream(plan)
+    not_saved = await state.save_reply(stored_reply(plan, outcome.record, user_text=user_text,
+                                                    reply_text=outcome.text, reply_id=reply_id,
+                                                    thread_id=thread_id, user_identifier=user))
+    for notice in (not_saved, empty_reply_notice(outcome.record, outcome.text)):
+        if notice is not None:
+            await view.notice(notice)
+    if outcome.error is not None:
+        session.pending = user_text
+        await view.failed(plan.backend.label, outcome.error.describe())
+    await view.backends_checked([(plan.backend.name, outcome.error)])
+    if outcome.error is not None and not outcome.text:
+        return  # nothing to keep: the question waits for Retry
+    # The partial text of a stopped or failed reply stays in the conversation.
+    session.history.extend([ChatMessage("user", user_text), ChatMessage("assistant", outcome.text)])
+    if outcome.error is None:
+        session.pending = None

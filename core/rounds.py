@@ -30,9 +30,11 @@ from vocabulary import COLUMN_LABELS as LABELS, LOOPBACK_HOSTS, MAX_COLUMNS, MIN
 from backends.base import Backend
 from backends.errors import BackendError
 from core.engines import state_summary
-from core.replies import Notice, Refusal, ReplyPlan, empty_reply_notice
+from core.notices import Notice
+from core.replies import Refusal, ReplyPlan, empty_reply_notice
 from core.texts import text
 from core.figures import final_props, live_props
+from core.streaming import StreamOutcome, Stopped, consume
 from core.timing import FINAL_STATES, RequestRecord, TimedStream
 
 TICK_S = 0.06  # one element update per tick for the whole round: the last token shows within ~100 ms
@@ -224,28 +226,24 @@ class RoundRun:
         timed = column.plan.open_stream()
         column.timed = timed
         column.state = "streaming"
-        status, failure = "completed", None
-        try:
-            async for chunk in timed:
-                column.tokens = timed.meter.output_tokens
-                if chunk.text:
-                    column.parts.append(chunk.text)
-                    column.part_tokens.append(column.tokens)
-                    self._changed.set()
-        except BackendError as error:
-            status, failure = "error", error
-        except asyncio.CancelledError:
-            status = "stopped"
-        finally:
-            try:
-                await timed.aclose()
-            finally:  # even if closing is cut short, the column ends with its figures
-                column.record = timed.finish(status, error=failure.describe() if failure else None)
-                column.error = failure
-                column.state = status
+
+        def take(chunk) -> None:
+            column.tokens = timed.meter.output_tokens
+            if chunk.text:
+                column.parts.append(chunk.text)
+                column.part_tokens.append(column.tokens)
                 self._changed.set()
-        if status == "stopped":
-            raise asyncio.CancelledError
+
+        try:
+            outcome = await consume(timed, on_chunk=take)
+        except Stopped as stopped:
+            self._end(column, stopped.outcome)
+            raise  # Stop ends the round: the columns after this one do not start
+        self._end(column, outcome)
+
+    def _end(self, column: Column, outcome: StreamOutcome) -> None:
+        column.record, column.error, column.state = outcome.record, outcome.error, outcome.status
+        self._changed.set()
 
     async def _render_loop(self) -> None:
         while True:

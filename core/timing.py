@@ -175,6 +175,11 @@ class StreamMeter:
         """Output tokens received so far (as counted for the figures)."""
         return self._tokens
 
+    @property
+    def first_token_s(self) -> float | None:
+        """Seconds from the clock's start to the first text, once it came."""
+        return self._since_start(self._first_token_at)
+
     def start(self, at: float | None = None) -> None:
         self._start = self._clock() if at is None else at
         self._started_at_unix_s = self._wall_clock()
@@ -338,24 +343,3 @@ class TimedStream:
 
     def finish(self, status: Status, error: str | None = None) -> RequestRecord:
         return self.meter.finish(status, backend=self.backend, model=self.model, error=error)
-
-
-async def measure(backend, messages, params, *, label: str | None = None) -> tuple[str, RequestRecord]:
-    """Prepare (not measured), then stream and measure one whole reply; return its text and record.
-
-    Backend errors propagate. `backend` is any `backends.base.Backend`.
-    """
-    request = await backend.prepare(messages, params)
-    return await measure_prepared(backend, request, label=label)
-
-
-async def measure_prepared(backend, request, *, label: str | None = None) -> tuple[str, RequestRecord]:
-    """Stream and measure an already prepared request; return its text and record."""
-    timed = TimedStream(backend.stream(request), backend=label or backend.label, model=request.model)
-    parts: list[str] = []
-    try:
-        async for chunk in timed:
-            parts.append(chunk.text)
-    finally:
-        await timed.aclose()
-    return "".join(parts), timed.finish("completed")

@@ -4,7 +4,7 @@ Both paths use the same loaded `Llama` object, the same prompt and the same
 number of new tokens, greedy (temperature 0, fixed seed), interleaved run by
 run (the order alternates, so drift in machine load hits both alike):
 
-- app path: `LlamaCppBackend.prepare()` + `stream()` measured by `timing.measure`, exactly
+- app path: `LlamaCppBackend.prepare()` + `stream()` measured by `core.streaming.measure`, exactly
   what the chat UI consumes (worker thread, asyncio queue, per-token chunks);
 - bare loop: `Llama.create_chat_completion(stream=True)` iterated directly.
 
@@ -36,7 +36,7 @@ from backends.base import ChatMessage, GenerationParams  # noqa: E402
 from backends.llamacpp import LlamaCppBackend  # noqa: E402
 from config import BackendConfig, backend_configs, load_env  # noqa: E402
 from bench.verdict import Goal, all_of, at_least, at_most, exit_status  # noqa: E402
-from core.timing import measure  # noqa: E402
+from core.streaming import measure  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 SEED = 1234

@@ -42,7 +42,8 @@ from config import BackendConfig  # noqa: E402
 from tests.fixtures_app import start_paced_server  # noqa: E402
 from tests.fixtures_tgi import start_paced_tgi_server  # noqa: E402
 from bench.verdict import Goal, all_of, at_most, exit_status, within_ratio  # noqa: E402
-from core.timing import RequestRecord, TimedStream, measure  # noqa: E402
+from core.streaming import measure  # noqa: E402
+from core.timing import RequestRecord, TimedStream  # noqa: E402
 
 KINDS = ("openai", "vllm", "tgi messages", "tgi generate")
 TTFT_BIAS_GOAL_MS = 15.0  # the README's claim for every kind

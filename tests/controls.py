@@ -16,7 +16,7 @@ from typing import Sequence
 from backends.base import Backend, ChatMessage, GenerationParams
 from backends.registry import create_backend
 from config import BackendConfig
-from core.timing import measure
+from core.streaming import measure
 
 _PROVEN: set[tuple] = set()
 

@@ -9,7 +9,7 @@ from typing import AsyncIterator, Sequence
 from backends.base import BackendInfo, ChatMessage, GenerationParams, PreparedRequest, StreamChunk, StreamLimits
 from backends.errors import BackendOverloaded, BackendUnavailable
 from backends.registry import Registry
-from core.replies import AppState
+from core.app_state import AppState
 from config import ChatDefaults
 
 
@@ -102,4 +102,5 @@ def fake_state(*backends: FakeBackend) -> AppState:
     state = AppState(registry=registry, defaults=ChatDefaults(backend=backends[0].name),
                      presets={"none": ""}, database_url="sqlite:////nonexistent/dir/for/tests.db")
     state.storage_problem = "no database in this test"
+    state._storage_failed_at = float("inf")  # never tried again (see AppState.storage)
     return state

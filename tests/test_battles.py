@@ -62,7 +62,7 @@ def test_a_typed_prompts_language_follows_its_script(prompt, language):
 
 
 def test_the_shipped_prompt_sets_give_every_line_its_category_and_typed_prompts_are_free():
-    from ui.reports_view import prompt_catalogue
+    from core.reports import prompt_catalogue
     from core.load.prompt_sets import load_prompt_set, prompt_text
 
     catalogue = prompt_catalogue()

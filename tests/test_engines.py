@@ -13,7 +13,8 @@ from core.load.prompt_sets import load_prompt_set
 from ui import engines_view
 from core.auth import AuthConfig
 from core.engines import EngineReading, Simulation, SimulationPoint, panel_props
-from core.replies import Notice, load_refusal
+from core.app_state import load_refusal
+from core.notices import Notice
 from core.settings import SessionSettings
 from tests.fakes import FakeBackend, FakeReply, fake_state
 

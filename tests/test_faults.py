@@ -45,7 +45,8 @@ from backends.tgi import TGIBackend
 from backends.watchdog import watch, watched
 from core.load.prompt_sets import BenchPrompt
 from core.load.runner import run_level
-from core.replies import empty_reply_notice, plan_reply, server_may_be_down
+from core.app_state import server_may_be_down
+from core.replies import empty_reply_notice, plan_reply
 from core.settings import SessionSettings
 from config import BackendConfig
 from tests.fakes import FakeBackend, FakeReply, fake_state

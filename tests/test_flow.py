@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from backends.base import ChatMessage
-from core.replies import Notice, ReplyPlan, plan_reply
+from core.notices import Notice
+from core.replies import ReplyPlan, plan_reply
 from core.settings import SessionSettings
 from tests.fakes import FakeBackend, fake_state
 

@@ -11,7 +11,8 @@ from backends.llamacpp import LlamaCppBackend, bundled_model_path
 from config import BackendConfig
 from tests.controls import reaches_the_cap
 from tests.streams import prepared_stream
-from core.timing import TimedStream, measure
+from core.timing import TimedStream
+from core.streaming import measure
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,8 @@ from backends.tgi import TGIBackend
 from config import BackendConfig
 from tests.fixtures_app import start_paced_server
 from tests.fixtures_tgi import start_paced_tgi_server
-from core.timing import RequestRecord, measure, measure_prepared
+from core.timing import RequestRecord
+from core.streaming import measure, measure_prepared
 
 RATE_TOKENS_PER_S = 100.0
 TOKENS = 60

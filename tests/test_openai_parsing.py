@@ -38,7 +38,8 @@ from backends.openai_compat import OpenAICompatBackend, error_message, parse_chu
 from config import BackendConfig
 from tests.streams import prepared_stream
 from core.figures import final_props
-from core.timing import StreamMeter, measure_prepared
+from core.timing import StreamMeter
+from core.streaming import measure_prepared
 
 RECORDINGS = Path(__file__).parent / "recordings"
 USAGE_SOURCE = "vLLM usage"

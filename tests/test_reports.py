@@ -10,7 +10,7 @@ import pytest
 
 from backends.errors import ConfigurationError
 from core.auth import AuthConfig, auth_from_env, hash_password, verify_password
-from ui.reports_view import replay_markdown, stats_csv, stats_figure, stats_markdown, stats_rows
+from core.reports import replay_markdown, stats_csv, stats_figure, stats_markdown, stats_rows
 from store import StoredReply
 from core.timing import RequestRecord
 

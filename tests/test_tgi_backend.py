@@ -36,7 +36,7 @@ from config import BackendConfig
 from tests.fixtures_tgi import TGI_LABEL, TGI_MAX_INPUT_TOKENS, TGI_MAX_TOTAL_TOKENS
 from tests.servers import free_port
 from tests.streams import prepared_stream
-from core.timing import measure
+from core.streaming import measure
 
 ROUTES = ["messages", "generate"]
 ROUTE_PATHS = {"messages": "/v1/chat/completions", "generate": "/generate_stream"}

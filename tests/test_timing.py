@@ -7,7 +7,8 @@ import numpy
 import pytest
 
 from backends.base import ChatMessage, GenerationParams, PreparedRequest, ServerFigures, StreamChunk
-from core.timing import InterTokenLatency, StreamMeter, TimedStream, measure, percentile
+from core.timing import InterTokenLatency, StreamMeter, TimedStream, percentile
+from core.streaming import measure
 
 
 def run(meter: StreamMeter, timeline: list[tuple[float, StreamChunk]], end: float, status="completed"):

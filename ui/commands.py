@@ -13,6 +13,7 @@ import random
 
 import chainlit as cl
 
+from core import reports as core_reports
 from ui import engines_view, reports_view as reports, rounds_view, session_memory as memory, session_view as session
 from core.texts import text
 
@@ -133,7 +134,7 @@ def view_arguments(payload: object) -> str:
 async def try_a_set_prompt() -> None:
     """Send a random prompt of the shipped set in the person's language, as if they had typed
     it: in a blind round its vote counts under the prompt's category on the leaderboard."""
-    prompt = random.choice(reports.prompt_sets()[session.lang()])
+    prompt = random.choice(core_reports.prompt_sets()[session.lang()])
     await cl.Message(content=prompt, author="You", type="user_message").send()
     await answer(prompt)
 

@@ -26,7 +26,8 @@ from backends.engine_metrics import EngineSnapshot
 from core.load.article import RunSettings, article_table, run_benchmark
 from core.load.prompt_sets import load_prompt_set
 from core.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props, take_snapshot
-from core.replies import AppState, Notice, load_refusal
+from core.app_state import AppState, load_refusal
+from core.notices import Notice
 from core.texts import text
 from ui.session_view import MetricsElement, app_state, current_user, lab, lang, say, screened, session_settings
 

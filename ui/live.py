@@ -15,13 +15,12 @@ as one element, core/rounds.py).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Protocol
 
-from backends.base import PreparedRequest
-from backends.errors import BackendError
+from backends.base import PreparedRequest, StreamChunk
 from core.figures import final_props, ignored_lines, live_props
-from core.timing import RequestRecord, TimedStream
+from core.streaming import StreamOutcome, Stopped, consume
+from core.timing import TimedStream
 
 TEXT_INTERVAL_S = 0.04
 METRICS_INTERVAL_S = 0.1
@@ -35,15 +34,6 @@ class MetricsSink(Protocol):
     props: dict
 
     async def update(self) -> None: ...
-
-
-@dataclass
-class ReplyOutcome:
-    """What happened: the text shown, the record, and the error if any."""
-
-    text: str
-    record: RequestRecord
-    error: BackendError | None = None
 
 
 class LiveReply:
@@ -72,28 +62,28 @@ class LiveReply:
         self._pending: list[str] = []
         self._shown: list[str] = []
 
-    async def run(self) -> ReplyOutcome:
-        """Stream to the end, a backend error, or cancellation (the user's Stop)."""
+    async def run(self) -> StreamOutcome:
+        """Stream to the end, a backend error, or the person's Stop (core.streaming.consume); the
+        partial text of a stopped reply stays, and its figures say "stopped"."""
         renderer = asyncio.create_task(self._render_loop())
-        status, error = "completed", None
         try:
-            async for chunk in self.timed:
-                if chunk.text:
-                    self._pending.append(chunk.text)
-        except BackendError as failure:
-            status, error = "error", failure
-        except asyncio.CancelledError:
-            # Stop pressed: the backend stream is closed below; the partial reply stays.
-            status = "stopped"
+            outcome = await consume(self.timed, on_chunk=self._take)
+        except Stopped as stopped:
+            outcome = stopped.outcome  # Stop ends this reply, not the chat: it is kept and stored
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # handled here on purpose: the handler goes on to store the reply
         finally:
             renderer.cancel()
-            await self.timed.aclose()
         await self._flush_text()
-        record = self.timed.finish(status, error=error.describe() if error else None)
-        self.metrics.props = final_props(record, lang=self.lang, request=self.request,
+        self.metrics.props = final_props(outcome.record, lang=self.lang, request=self.request,
                                          engine_at_start=self.engine_at_start)
         await self.metrics.update()
-        return ReplyOutcome("".join(self._shown), record, error)
+        return outcome
+
+    def _take(self, chunk: StreamChunk) -> None:
+        if chunk.text:
+            self._pending.append(chunk.text)
 
     async def _flush_text(self) -> None:
         if self._pending:

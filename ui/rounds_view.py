@@ -17,7 +17,8 @@ import chainlit as cl
 
 from backends.base import ChatMessage, display_label
 from core.disclosure import identifying_words
-from core.replies import Notice, Refusal, ReplyPlan, plan_reply, stored_reply
+from core.notices import Notice
+from core.replies import Refusal, ReplyPlan, plan_reply, stored_reply
 from core.texts import text
 from core.input import remove_control_characters
 from ui.session_view import (

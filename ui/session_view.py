@@ -23,7 +23,10 @@ from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
 from backends.registry import BackendStatus
 from core.engines import state_summary
-from core.replies import AppState, Refusal, empty_reply_notice, plan_reply, server_may_be_down, stored_reply
+from core.app_state import AppState, server_may_be_down
+from core.notices import Notice
+from core.replies import answer
+from core.streaming import StreamOutcome
 from core.history import Conversation, rebuild_conversation
 from core.texts import language_of, text
 from core.input import check_message
@@ -96,10 +99,6 @@ def lab() -> LabSession:
 
 def session_settings() -> SessionSettings:
     return lab().settings
-
-
-def _history() -> list[ChatMessage]:
-    return lab().history
 
 
 def current_user() -> str | None:
@@ -289,10 +288,10 @@ def _history_from_steps(steps: list[dict]) -> list[ChatMessage]:
     """Without the database: the single-backend exchanges as Chainlit kept them (a user message
     answered by a reply with its record; round prompts and refused messages are left out)."""
     history: list[ChatMessage] = []
-    for question, answer in zip(steps, steps[1:]):
+    for question, reply_step in zip(steps, steps[1:]):
         if (question.get("type") == "user_message" and question.get("output")
-                and answer.get("type") == "assistant_message" and (answer.get("metadata") or {}).get("record")):
-            history += [ChatMessage("user", question["output"]), ChatMessage("assistant", answer.get("output") or "")]
+                and reply_step.get("type") == "assistant_message" and (reply_step.get("metadata") or {}).get("record")):
+            history += [ChatMessage("user", question["output"]), ChatMessage("assistant", reply_step.get("output") or "")]
     return history
 
 
@@ -355,45 +354,38 @@ async def checked_input(raw: object, message: cl.Message | None = None) -> str |
 
 
 async def reply(user_text: str) -> None:
-    """Answer one user message with the session's current backend and settings."""
-    state, lang_code, history = app_state(), lang(), _history()
-    plan = await plan_reply(state, session_settings(), history, user_text)
-    if isinstance(plan, Refusal):
-        await _show_error(plan.label, plan.reason, user_text, lang_code)
-        await refresh_backend_list()
-        return
-    for notice in plan.notices:
-        await say(notice.render(lang_code))
+    """Answer one user message with the session's backend and settings (core.replies.answer)."""
+    await answer(app_state(), lab(), user_text, ChatReplyView(lang()), thread_id=cl.context.session.thread_id,
+                 user=current_user())
 
-    backend = plan.backend
-    message = cl.Message(content="", author=_author(backend.label, backend.name))
-    metrics = MetricsElement(name="Metrics", props=initial_props(plan, lang_code), display="inline")
-    message.elements = [metrics]
-    await message.send()
-    outcome = await LiveReply(plan.open_stream(), message, metrics, lang=lang_code, request=plan.request,
-                              engine_at_start=state_summary(plan.engine_at_start)).run()
 
-    # The per-chunk timeline is in the database (and in the figures element), not on every message.
-    message.metadata = {"record": outcome.record.as_dict(),
-                        "sent": dict(plan.request.sent)}
-    await message.update()
-    not_saved = await state.save_reply(stored_reply(plan, outcome.record, user_text=user_text,
-                                                    reply_text=outcome.text, reply_id=message.id,
-                                                    thread_id=cl.context.session.thread_id,
-                                                    user_identifier=current_user()))
-    if not_saved is not None:
-        await say(not_saved.render(lang_code))
-    empty = empty_reply_notice(outcome.record, outcome.text)
-    if empty is not None:
-        await say(empty.render(lang_code))
-    if outcome.error is not None:
-        await _show_error(backend.label, outcome.error.describe(), user_text, lang_code)
-    await refresh_backend_list([(backend.name, outcome.error)])
-    if outcome.error is not None and not outcome.text:
-        return
-    # The partial text of a stopped or failed reply stays in the conversation.
-    history.extend([ChatMessage("user", user_text), ChatMessage("assistant", outcome.text)])
-    lab().pending = None
+class ChatReplyView:
+    """How a chat reply is shown in Chainlit (core.replies.ReplyView)."""
+
+    def __init__(self, lang_code: str) -> None:
+        self.lang = lang_code
+
+    async def notice(self, notice: Notice) -> None:
+        await say(notice.render(self.lang))
+
+    async def failed(self, label: str, reason: str) -> None:
+        await show_error(label, reason, self.lang)
+
+    async def stream(self, plan) -> tuple[StreamOutcome, str]:
+        backend = plan.backend
+        message = cl.Message(content="", author=_author(backend.label, backend.name))
+        metrics = MetricsElement(name="Metrics", props=initial_props(plan, self.lang), display="inline")
+        message.elements = [metrics]
+        await message.send()
+        outcome = await LiveReply(plan.open_stream(), message, metrics, lang=self.lang, request=plan.request,
+                                  engine_at_start=state_summary(plan.engine_at_start)).run()
+        # The per-chunk timeline is in the database (and in the figures element), not on every message.
+        message.metadata = {"record": outcome.record.as_dict(), "sent": dict(plan.request.sent)}
+        await message.update()
+        return outcome, message.id
+
+    async def backends_checked(self, failed) -> None:
+        await refresh_backend_list(failed)
 
 
 def _author(label: str, name: str) -> str:
@@ -406,7 +398,7 @@ def retry_action(lang: str) -> cl.Action:
     return cl.Action(name="retry", payload={}, label=text("retry", lang), icon="rotate-ccw")
 
 
-async def _show_error(label: str, reason: str, user_text: str, lang: str) -> None:
-    lab().pending = user_text
+async def show_error(label: str, reason: str, lang: str) -> None:
+    """`label` could not answer, why, and the Retry button (the message waits in `pending`)."""
     await say(f"{text('error_title', lang, backend=label)}\n\n{reason}\n\n{text('error_keep', lang)}",
                actions=[retry_action(lang)])

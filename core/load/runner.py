@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from core.concurrency import run_together
-from backends.base import Backend, GenerationParams
+from backends.base import Backend, GenerationParams, StreamChunk
 from backends.errors import BackendError
 from backends.watchdog import watched
+from core.concurrency import run_together
 from core.load.prompt_sets import BenchPrompt
+from core.streaming import consume
 from core.timing import RequestRecord, TimedStream
 
 
@@ -132,24 +133,22 @@ async def _one_request(backend: Backend, prompt: BenchPrompt, index: int, params
     except BackendError as error:
         return RequestOutcome(index, prompt.source, None, error.describe())
     timed = TimedStream(watched(backend, request), backend=backend.label, model=model or request.model)
-    status, failure = "completed", None
-    first_token_seen = False
-    try:
-        async for chunk in timed:
-            if chunk.token_count:
-                live.output_tokens += chunk.token_count
-            elif chunk.text and chunk.token_count is None:
-                live.output_tokens += 1  # an estimate until the server's count arrives
-            if chunk.text and not first_token_seen:
-                first_token_seen = True
-                live.first_token_s.append(timed.live().first_token_s)
-    except BackendError as error:
-        status, failure = "error", error
-    finally:
-        # Cancelled (Ctrl-C, Stop): the stream is closed here and the request dropped from the results.
-        await timed.aclose()
-    record = timed.finish(status, error=failure.describe() if failure else None)
+    counted, first_seen = 0, False
+
+    def count(_chunk: StreamChunk) -> None:
+        # The meter's own count (estimated per chunk where the protocol says nothing) and first token.
+        nonlocal counted, first_seen
+        live.output_tokens += timed.meter.output_tokens - counted
+        counted = timed.meter.output_tokens
+        if not first_seen and timed.meter.first_token_s is not None:
+            first_seen = True
+            live.first_token_s.append(timed.meter.first_token_s)
+
+    # Cancelled (Ctrl-C, Stop): Stopped ends the level; the request is dropped from the results.
+    outcome = await consume(timed, on_chunk=count)
+    record = outcome.record
     input_tokens = record.server_input_tokens
     if input_tokens is None:
         input_tokens = await _input_tokens(backend, prompt, cache)
-    return RequestOutcome(index, prompt.source, record, failure.describe() if failure else None, input_tokens)
+    return RequestOutcome(index, prompt.source, record, outcome.error.describe() if outcome.error else None,
+                          input_tokens)
