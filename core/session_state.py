@@ -29,8 +29,8 @@ class LabSession:
     user_prompts: list[str] = field(default_factory=list)  # this chat's prompts, for /replay
     pending: str | None = None  # a message that failed, kept for Retry
     shown_down: set[str] | None = None  # backends the settings panel marks unavailable
-    rounds: dict[str, Any] = field(default_factory=dict)  # round id -> its view (ui.rounds_view)
-    round_elements: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # round id -> element
+    rounds: dict[str, Any] = field(default_factory=dict)  # round id -> core.round_flow.Round (the newest)
+    round_elements: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # round id -> its element, message
     engine_panel: Any = None  # the open engine panel (ui.engines_view)
     disclosure: Disclosure = field(default_factory=Disclosure)
 
