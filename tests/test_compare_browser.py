@@ -24,18 +24,11 @@ from core.load.prompt_sets import load_prompt_set, prompt_text
 from backends.llamacpp import LlamaCppBackend
 from backends.openai_compat import OpenAICompatBackend
 from config import BackendConfig
+from servers.app import AppServer, backend_env, run_coroutine as run, stored
+from servers.paced_openai import PacedServer, paced_pair as paced_pairs
 from tests.browser_frames import collect_frames, drain_frames, session_id
 from tests.controls import config_reaches_the_cap
-from tests.fixtures_app import (
-    AppServer,
-    PacedServer,
-    backend_env,
-    closed_loopback_url,
-    paced_pair as paced_pairs,
-    run_coroutine as run,
-    stored,
-    stored_when,
-)
+from tests.fixtures_app import closed_loopback_url, stored_when
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.vllm]
 

@@ -1,14 +1,14 @@
-"""A server that speaks TGI's HTTP protocol, serving a real GGUF model.
+"""A stand-in server that speaks TGI's HTTP protocol, serving a real GGUF model.
 
 No TGI can run on these machines, so tests talk to this instead. It serves a
 real model (llama-cpp-python, in process, one generation at a time in a
 worker thread) and answers in exactly the schemas of TGI's OpenAPI spec:
 every response body and every SSE event is checked with
-`tests.openapi_contract` before it is sent. A mismatch is still sent (so the
+`servers.tgi_protocol.contract` before it is sent. A mismatch is still sent (so the
 client sees what a broken server would send) but recorded, and listed at
 GET /__contract__/violations, so tests can assert the server kept the contract.
 
-    python -m tests.tgi_protocol_server --host 127.0.0.1 --port 8080 --model M.gguf \
+    python -m servers.tgi_protocol --host 127.0.0.1 --port 8080 --model M.gguf \
         [--max-concurrent 128] [--max-input-tokens 1024 --max-total-tokens 2048]
 
 Behaviour copied from TGI's router (3.x):
@@ -101,7 +101,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests import openapi_contract as contract
+from servers.tgi_protocol import contract
 
 DEFAULT_GENERATION_LENGTH = 1024  # TGI's default max_new_tokens cap
 MAX_STOP_SEQUENCES = 4
