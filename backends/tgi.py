@@ -84,7 +84,7 @@ NO_ADAPTER_MODEL = "tgi"  # the Messages API's `model` meaning "the base model, 
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length", "stop": "stop"}
 SERVER_TEXT_LIMIT = 500  # characters of a server's error body quoted in a message
 EVENT_QUOTE_LIMIT = 200  # characters of a malformed event quoted in a message
-# /info's `router` of tests/tgi_protocol_server.py: its numbers are a stand-in's, not TGI's.
+# /info's `router` of the TGI-protocol stand-in (servers/tgi_protocol): its numbers are a stand-in's, not TGI's.
 TEST_SERVER_ROUTER = "tgi-protocol-test-server"
 WARM_AFTER_IDLE_S = 3.0  # a connection idle longer than this is reopened before the clock starts
 # The optional settings each route can send (GenerationParams names).

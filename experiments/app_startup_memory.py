@@ -23,17 +23,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import psutil
 
-import psutil  # noqa: E402
-
-from backends.llamacpp import resolve_model_path  # noqa: E402
-from bench.verdict import Goal, at_most, exit_status  # noqa: E402
-from config import backend_configs, load_env  # noqa: E402
-from tests.fixtures_app import chainlit_command, launch_chromium  # noqa: E402
-from tests.servers import REPO, ServerProcess, free_port  # noqa: E402
+from backends.llamacpp import resolve_model_path
+from bench.verdict import Goal, at_most, exit_status
+from config import REPO, backend_configs, load_env
+from servers.app import chainlit_command
+from servers.browser import launch_chromium
+from servers.process import ServerProcess, free_port
 
 PAGE_TIMEOUT_S = 90.0
 SESSION_TIMEOUT_MS = 120_000

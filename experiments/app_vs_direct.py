@@ -56,24 +56,22 @@ from pathlib import Path
 from typing import Callable, Sequence
 from urllib.parse import urlparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import psutil
 
-import psutil  # noqa: E402
-
-from core.concurrency import run_together  # noqa: E402
-from backends.base import GenerationParams  # noqa: E402
-from backends.errors import BackendError  # noqa: E402
-from backends.openai_compat import OpenAICompatBackend  # noqa: E402
-from core.load.engine_memory import listening_pid, process_tree  # noqa: E402
-from core.load.prompt_sets import BenchPrompt, PromptSetError, cycle, load_prompt_set, prompt_text  # noqa: E402
-from core.load.runner import run_level  # noqa: E402
-from config import REPO, BackendConfig  # noqa: E402
-from load.chainlit_client import AsyncChainlitClient, ChatFailed, ReplyRecord  # noqa: E402
-from store import Store  # noqa: E402
-from tests.fixtures_app import APP_START_TIMEOUT_S, chainlit_command  # noqa: E402
-from tests.servers import ServerProcess, free_port  # noqa: E402
-from bench.verdict import Goal, all_of, at_least, exit_status as verdict_status  # noqa: E402
-from core.timing import percentile  # noqa: E402
+from backends.base import GenerationParams
+from backends.errors import BackendError
+from backends.openai_compat import OpenAICompatBackend
+from bench.verdict import Goal, all_of, at_least, exit_status as verdict_status
+from config import REPO, BackendConfig
+from core.concurrency import run_together
+from core.load.engine_memory import listening_pid, process_tree
+from core.load.prompt_sets import BenchPrompt, PromptSetError, cycle, load_prompt_set, prompt_text
+from core.load.runner import run_level
+from core.timing import percentile
+from load.chainlit_client import AsyncChainlitClient, ChatFailed, ReplyRecord
+from servers.app import APP_START_TIMEOUT_S, chainlit_command
+from servers.process import ServerProcess, free_port
+from store import Store
 
 GOAL = 0.9
 BACKEND_NAME = "vllm"

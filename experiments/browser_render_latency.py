@@ -1,6 +1,6 @@
 """How far the text on screen lags a fast backend: last token sent -> last token shown.
 
-Starts the paced OpenAI-protocol test server (tests/paced_openai_server.py) and
+Starts the paced OpenAI-protocol stand-in (servers/paced_openai.py) and
 the app (`chainlit run app.py --headless`, the paced server as its only
 backend), opens the chat in Debian's chromium and, for each rate, sends a few
 messages whose replies are 300 tokens streamed at exactly that rate. The last
@@ -27,12 +27,11 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.verdict import at_most, exit_status  # noqa: E402
-from tests.fixtures_app import backend_env, launch_chromium, start_app, start_paced_server  # noqa: E402
+from bench.verdict import at_most, exit_status
+from servers.app import backend_env, start_app
+from servers.browser import launch_chromium
+from servers.paced_openai import start_paced_server
 
 GOAL_MS = 100.0
 REPLY_TIMEOUT_S = 120.0

@@ -23,13 +23,12 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from experiments.browser_render_latency import OBSERVER_JS, wait_for  # noqa: E402
-from bench.verdict import at_most, exit_status  # noqa: E402
-from tests.fixtures_app import backend_env, launch_chromium, start_app, start_paced_server  # noqa: E402
+from bench.verdict import at_most, exit_status
+from experiments.browser_render_latency import OBSERVER_JS, wait_for
+from servers.app import backend_env, start_app
+from servers.browser import launch_chromium
+from servers.paced_openai import start_paced_server
 
 GOAL_MS = 100.0
 REPLY_TIMEOUT_S = 120.0

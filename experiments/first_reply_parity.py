@@ -34,13 +34,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.verdict import Goal, at_most, exit_status  # noqa: E402
-from load.chainlit_client import ChainlitClient  # noqa: E402
-from load.first_reply import final_figures  # noqa: E402
-from tests.fixtures_app import backend_env, run_coroutine, start_app, start_paced_server, stored  # noqa: E402
-from tests.fixtures_tgi import start_paced_tgi_server  # noqa: E402
+from bench.verdict import Goal, at_most, exit_status
+from load.chainlit_client import ChainlitClient
+from load.first_reply import final_figures
+from servers.app import backend_env, run_coroutine, start_app, stored
+from servers.paced_openai import start_paced_server
+from servers.tgi_protocol import start_paced_tgi_server
 
 GOAL_MS = 15.0
 KINDS = ("openai", "vllm", "tgi messages", "tgi generate")

@@ -20,14 +20,10 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core.ratings import one_blas_thread  # noqa: E402
+from core.ratings import one_blas_thread
 
 one_blas_thread()  # as the app and `python -m core.ratings` run the fit
 

@@ -28,15 +28,12 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from backends.base import ChatMessage, GenerationParams  # noqa: E402
-from backends.llamacpp import LlamaCppBackend  # noqa: E402
-from config import BackendConfig, backend_configs, load_env  # noqa: E402
-from bench.verdict import Goal, all_of, at_least, at_most, exit_status  # noqa: E402
-from core.streaming import measure  # noqa: E402
+from backends.base import ChatMessage, GenerationParams
+from backends.llamacpp import LlamaCppBackend
+from bench.verdict import Goal, all_of, at_least, at_most, exit_status
+from config import BackendConfig, backend_configs, load_env
+from core.streaming import measure
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 SEED = 1234

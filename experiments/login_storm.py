@@ -26,16 +26,14 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import httpx
 
-import httpx  # noqa: E402
-
-from bench.verdict import all_of, at_most, exit_status  # noqa: E402
-from core.auth import hash_password  # noqa: E402
-from tests.fixtures_app import backend_env, start_app, start_paced_server  # noqa: E402
-from core.timing import percentile  # noqa: E402
+from bench.verdict import all_of, at_most, exit_status
+from core.auth import hash_password
+from core.timing import percentile
+from servers.app import backend_env, start_app
+from servers.paced_openai import start_paced_server
 
 GOAL_MS = 250.0
 PROBE_INTERVAL_S = 0.02

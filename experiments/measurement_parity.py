@@ -29,21 +29,18 @@ import argparse
 import asyncio
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from huggingface_hub import AsyncInferenceClient
 
-from huggingface_hub import AsyncInferenceClient  # noqa: E402
-
-from backends.base import ChatMessage, GenerationParams, StreamChunk  # noqa: E402
-from backends.openai_compat import OpenAICompatBackend  # noqa: E402
-from backends.tgi import TGIBackend  # noqa: E402
-from config import BackendConfig  # noqa: E402
-from tests.fixtures_app import start_paced_server  # noqa: E402
-from tests.fixtures_tgi import start_paced_tgi_server  # noqa: E402
-from bench.verdict import Goal, all_of, at_most, exit_status, within_ratio  # noqa: E402
-from core.streaming import measure  # noqa: E402
-from core.timing import RequestRecord, TimedStream  # noqa: E402
+from backends.base import ChatMessage, GenerationParams, StreamChunk
+from backends.openai_compat import OpenAICompatBackend
+from backends.tgi import TGIBackend
+from bench.verdict import Goal, all_of, at_most, exit_status, within_ratio
+from config import BackendConfig
+from core.streaming import measure
+from core.timing import RequestRecord, TimedStream
+from servers.paced_openai import start_paced_server
+from servers.tgi_protocol import start_paced_tgi_server
 
 KINDS = ("openai", "vllm", "tgi messages", "tgi generate")
 TTFT_BIAS_GOAL_MS = 15.0  # the README's claim for every kind

@@ -36,18 +36,16 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from prometheus_client.parser import text_string_to_metric_families
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from backends.base import GenerationParams  # noqa: E402
-from backends.openai_compat import OpenAICompatBackend  # noqa: E402
-from core.load.prompt_sets import load_prompt_set, prompt_text  # noqa: E402
-from core.load.runner import run_level  # noqa: E402
-from core.load.stats import summarise  # noqa: E402
-from config import BackendConfig  # noqa: E402
-from scripts.vllm_launch import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, server_command, server_env, vllm_python  # noqa: E402
-from tests.servers import ServerProcess, free_port  # noqa: E402
+from backends.base import GenerationParams
+from backends.openai_compat import OpenAICompatBackend
+from config import BackendConfig
+from core.load.prompt_sets import load_prompt_set, prompt_text
+from core.load.runner import run_level
+from core.load.stats import summarise
+from scripts.vllm_launch import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, server_command, server_env, vllm_python
+from servers.process import ServerProcess, free_port
 
 TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
 THROUGHPUT_GOAL = 0.05  # ours / vllm bench serve within 5%

@@ -52,7 +52,7 @@ from locust import User, between, events, task
 from locust.exception import StopUser
 from locust.runners import WorkerRunner
 
-# Locust puts this file's folder on sys.path, so the client imports by its own name.
+# Locust puts this file's folder on the import path, so the client imports by its own name.
 from chainlit_client import ChainlitClient, ChatFailed, ReplyRecord
 
 PROMPTS_PATH = Path(__file__).with_name("prompts.txt")

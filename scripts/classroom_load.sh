@@ -13,7 +13,7 @@
 # --host URL uses an app already running there (loopback only); then --backend NAME makes each
 # simulated student pick NAME in the settings panel, as a person would; the app's memory is
 # read from the process listening on that port.
-# --paced-server starts the paced OpenAI-protocol test server (tests/paced_openai_server.py,
+# --paced-server starts the paced OpenAI-protocol stand-in (servers/paced_openai.py,
 # PACED_RATE tokens/s, PACED_TOKENS per reply; default 50 and 60) and gives the app one
 # backend, `paced`, pointed at it: the harness without any model.
 # Students think LOAD_THINK_MIN_S..LOAD_THINK_MAX_S (default 5..15 s) between messages; a reply
@@ -108,7 +108,7 @@ if [ -z "$host" ]; then
   if [ "$paced" = 1 ]; then
     paced_port=$(free_port)
     step "Starting the paced test server on 127.0.0.1:$paced_port (${PACED_RATE:-50} tokens/s, ${PACED_TOKENS:-60} per reply)"
-    "$APP_VENV/bin/python" -m tests.paced_openai_server --port "$paced_port" \
+    "$APP_VENV/bin/python" -m servers.paced_openai --port "$paced_port" \
       --rate "${PACED_RATE:-50}" --tokens "${PACED_TOKENS:-60}" > "$results/paced-server.log" 2>&1 &
     pids+=($!)
     wait_http "http://127.0.0.1:$paced_port/health" "$!" 30 "$results/paced-server.log"

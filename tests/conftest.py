@@ -4,9 +4,9 @@ import atexit
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from config import REPO
+
 # Chainlit writes .chainlit/ and .files/ next to the app: keep that in the repo.
 os.environ.setdefault("CHAINLIT_APP_ROOT", str(REPO))
 os.chdir(REPO)

@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from scripts.llama_server_launch import bundled_model_path, missing_binary_message, server_command
-from tests.servers import ServerProcess, free_port
+from servers.process import ServerProcess, free_port
 
 # Measured: /health answers 0.3-1.1 s after start with the bundled model on 2 busy cores.
 LLAMA_SERVER_STARTUP_TIMEOUT_S = 120.0

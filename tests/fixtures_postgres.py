@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import ServerProcess, free_port
+from servers.process import ServerProcess, free_port
 
 POSTGRES_START_TIMEOUT_S = 30.0
 POSTGRES_PASSWORD = "serving-lab-test"

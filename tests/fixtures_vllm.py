@@ -36,7 +36,7 @@ from scripts.vllm_launch import (
     server_command,
     server_env,
 )
-from tests.servers import LOG_DIR, ServerProcess, free_port
+from servers.process import LOG_DIR, ServerProcess, free_port
 
 # Measured: /health answers 40-60 s after start with --enforce-eager on 2 busy cores.
 VLLM_STARTUP_TIMEOUT_S = 300.0

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from experiments.app_vs_direct import Phase, Run, exit_status, in_flight, phase_order
-from tests.servers import REPO
+from config import REPO
 
 
 def test_phases_alternate_abba_and_in_flight_is_busy_time_over_wall_time():

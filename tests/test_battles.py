@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from config import REPO
 from core.ratings.arena_convert import arena_records, convert
 from core.ratings.battles import (
     Battle,
@@ -33,7 +34,6 @@ from core.ratings.board import ViewError, board_json, board_markdown, build_boar
 from core.ratings.ratings import ReplyFigures, RoundVote, rate_backends
 from store import ColumnReply, RoundColumn, Vote, VoteRecord
 
-REPO = Path(__file__).resolve().parent.parent
 ARENA_SAMPLE = REPO / "tests" / "recordings" / "arena-battles-sample.jsonl"
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -14,8 +14,10 @@ import time
 import pytest
 
 from bench.__main__ import parse_args
-from tests.fixtures_app import backend_env, closed_loopback_url, start_paced_server
-from tests.servers import REPO
+from config import REPO
+from servers.app import backend_env
+from servers.paced_openai import start_paced_server
+from tests.fixtures_app import closed_loopback_url
 
 
 def run_bench(env: dict[str, str], *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:

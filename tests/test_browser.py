@@ -14,7 +14,9 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url, stored_when
+from servers.app import AppServer, backend_env
+from servers.paced_openai import PacedServer
+from tests.fixtures_app import closed_loopback_url, stored_when
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from config import REPO
 from core.timing import percentile_of
 from load.summary import memory_from_samples, report_lines, state_lines, summarize_records
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "classroom_load.sh"
 LAST_LINE = re.compile(
     r"^users=(?P<users>\d+) messages=(?P<messages>\d+) replied=(?P<replied>\d+) errors=(?P<errors>\d+) "

@@ -9,7 +9,6 @@ cluster) in the restart test.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -24,18 +23,11 @@ from core.load.prompt_sets import load_prompt_set, prompt_text
 from backends.llamacpp import LlamaCppBackend
 from backends.openai_compat import OpenAICompatBackend
 from config import BackendConfig
+from servers.app import AppServer, backend_env, run_coroutine as run, stored
+from servers.paced_openai import PacedServer, paced_pair as paced_pairs
 from tests.browser_frames import collect_frames, drain_frames, session_id
 from tests.controls import config_reaches_the_cap
-from tests.fixtures_app import (
-    AppServer,
-    PacedServer,
-    backend_env,
-    closed_loopback_url,
-    paced_pair as paced_pairs,
-    run_coroutine as run,
-    stored,
-    stored_when,
-)
+from tests.fixtures_app import closed_loopback_url, stored_when
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.vllm]
 
@@ -349,7 +341,6 @@ def test_blind_round_sends_no_names_until_the_vote_then_reveals_and_counts_it(
     final = page.evaluate(SNAPSHOT_JS, True)
     assert final["blind"] and not final["revealed"]
     secrets = identifying_words(vllm_base_url, tgi_server)
-    after_send = "".join(frames["received"][received_before:])
     for word in secrets:
         assert word not in final["html"], f"{word!r} is in the blind round's element"
         offenders = [frame[:60] for frame in frames["received"][received_before:] if word in frame]

@@ -10,7 +10,8 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from core.auth import hash_password
-from tests.fixtures_app import AppServer, stored_when
+from servers.app import AppServer
+from tests.fixtures_app import stored_when
 from tests.fixtures_vllm import held_vllm
 from tests.test_vllm_backend import engine_state
 

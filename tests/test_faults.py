@@ -49,9 +49,9 @@ from core.app_state import server_may_be_down
 from core.replies import empty_reply_notice, plan_reply
 from core.settings import SessionSettings
 from config import BackendConfig
+from servers.paced_openai import PacedServer, start_paced_server
+from servers.tgi_protocol import TGIServer, start_paced_tgi_server
 from tests.fakes import FakeBackend, FakeReply, fake_state
-from tests.fixtures_app import PacedServer, start_paced_server
-from tests.fixtures_tgi import TGITestServer, start_paced_tgi_server
 from core.timing import TimedStream
 
 ROUTES = ["messages", "generate"]
@@ -520,7 +520,7 @@ def paced_openai() -> PacedServer:
 
 
 @pytest.fixture(scope="module")
-def paced_tgi() -> TGITestServer:
+def paced_tgi() -> TGIServer:
     server = start_paced_tgi_server(rate_tokens_per_s=50, tokens=40, first_token_s=1.5, name="tgi-paced-faults")
     yield server
     server.process.stop()
@@ -576,7 +576,7 @@ async def test_read_timeout_mid_reply_says_it_is_the_read_timeout(paced_openai: 
 
 
 @pytest.mark.parametrize("route", ROUTES)
-async def test_first_token_timeout_on_tgi_ends_the_generation(route, paced_tgi: TGITestServer):
+async def test_first_token_timeout_on_tgi_ends_the_generation(route, paced_tgi: TGIServer):
     backend = TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url=paced_tgi.url,
                                        tgi_route=route, first_token_timeout_s=0.4))
     with pytest.raises(BackendTimeout) as raised:
@@ -586,7 +586,7 @@ async def test_first_token_timeout_on_tgi_ends_the_generation(route, paced_tgi: 
     assert (await paced_tgi.generations())[-1]["status"] == "cancelled"
 
 
-async def _idle(server: TGITestServer) -> bool:
+async def _idle(server: TGIServer) -> bool:
     return await server.in_flight() == 0
 
 

@@ -27,9 +27,11 @@ from playwright.sync_api import Page, expect
 
 from backends.errors import REDACTED
 from scripts.vllm_launch import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, missing_venv_message, server_command, server_env
-from tests.fixtures_app import AppServer, backend_env, start_paced_server
+from servers.app import AppServer, backend_env
+from servers.paced_openai import start_paced_server
+from servers.process import ServerProcess, free_port
+from servers.tgi_protocol.handle import paced_command
 from tests.fixtures_vllm import held_vllm
-from tests.servers import PYTHON, ServerProcess, free_port
 from tests.test_browser import SNAPSHOT_JS, new_reply_id, send, watch_reply
 from tests.browser_frames import collect_frames, drain_frames
 
@@ -206,8 +208,7 @@ def test_vllm_killed_mid_reply_then_restarted_on_the_same_port(app_factory, page
 
 def tgi_command(port: int) -> list[str]:
     # 300 tokens at 25 tokens/s: a reply long enough to be killed in the middle.
-    return [PYTHON, "-m", "tests.tgi_protocol_server", "--host", "127.0.0.1", "--port", str(port),
-            "--paced-rate", "25", "--paced-tokens", "300"]
+    return paced_command(port, 25, 300)
 
 
 @pytest.fixture(scope="module")

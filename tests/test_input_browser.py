@@ -21,7 +21,8 @@ import requests
 from playwright.sync_api import Page, expect
 
 from load.chainlit_client import ChainlitClient
-from tests.fixtures_app import AppServer, PacedServer, backend_env, start_paced_server
+from servers.app import AppServer, backend_env
+from servers.paced_openai import PacedServer, start_paced_server
 from tests.test_browser import REPLY_TIMEOUT_MS, new_reply_id, send, watch_reply
 from tests.test_compare_browser import change_settings
 
@@ -496,7 +497,7 @@ def test_a_message_with_nul_is_stored_cleaned_on_postgresql(app_factory, paced_s
 
     import asyncpg
 
-    from tests.fixtures_app import run_coroutine
+    from servers.app import run_coroutine
     from tests.fixtures_postgres import new_postgres_database
 
     database = run_coroutine(new_postgres_database(postgres_url))

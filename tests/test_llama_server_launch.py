@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from scripts import llama_server_launch as launch
-from tests.servers import REPO
+from config import REPO
 
 
 def _script_print(flag: str, env: dict[str, str]) -> str:

@@ -39,7 +39,9 @@ from load.chainlit_client import (
     settings_form,
     user_message,
 )
-from tests.fixtures_app import AppServer, PacedServer, backend_env, closed_loopback_url
+from servers.app import AppServer, backend_env
+from servers.paced_openai import PacedServer
+from tests.fixtures_app import closed_loopback_url
 from core.timing import LiveFigures
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -51,7 +53,7 @@ def recording(name: str) -> list[dict]:
 
 
 def paced_reply_text(tokens: int, marker: str) -> str:
-    """What the paced server streams (tests/paced_openai_server.py `reply_tokens`)."""
+    """What the paced server streams (servers/paced_openai.py `reply_tokens`)."""
     return "".join(f" w{i}" for i in range(1, tokens)) + f" {marker}"
 
 

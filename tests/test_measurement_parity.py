@@ -23,8 +23,8 @@ from backends.base import ChatMessage, GenerationParams
 from backends.openai_compat import OpenAICompatBackend
 from backends.tgi import TGIBackend
 from config import BackendConfig
-from tests.fixtures_app import start_paced_server
-from tests.fixtures_tgi import start_paced_tgi_server
+from servers.paced_openai import start_paced_server
+from servers.tgi_protocol import start_paced_tgi_server
 from core.timing import RequestRecord
 from core.streaming import measure, measure_prepared
 

@@ -7,7 +7,7 @@ from backends.llamacpp import LlamaCppBackend
 from backends.openai_compat import OpenAICompatBackend
 from backends.registry import Registry
 from backends.tgi import TGIBackend
-from tests.servers import free_port
+from servers.process import free_port
 
 
 def test_built_from_env_in_order_with_one_class_per_kind():

@@ -16,7 +16,8 @@ from playwright.sync_api import Page, expect
 
 from core.auth import hash_password
 from load.chainlit_client import SOCKET_PATH, browser_auth, browser_headers
-from tests.fixtures_app import AppServer, backend_env, paced_pair
+from servers.app import AppServer, backend_env
+from servers.paced_openai import paced_pair
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -16,7 +16,8 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from core.auth import hash_password
-from tests.fixtures_app import backend_env, paced_pair, run_coroutine as run, stored
+from servers.app import backend_env, run_coroutine as run, stored
+from servers.paced_openai import paced_pair
 from tests.test_compare_browser import SNAPSHOT_JS, change_settings, send, watch_round
 from tests.test_reports_browser import log_in, wait_ready
 

@@ -31,8 +31,8 @@ from playwright.sync_api import Page
 
 from backends.base import ChatMessage, GenerationParams
 from config import BackendConfig
+from servers.app import AppServer, backend_env, run_coroutine
 from tests.controls import config_reaches_the_cap
-from tests.fixtures_app import AppServer, backend_env, run_coroutine
 from tests.fixtures_vllm import held_vllm
 from tests.test_browser import SNAPSHOT_JS, new_reply_id, number, send, switch_backend, watch_reply
 from tests.test_engines_browser import open_chat

@@ -666,7 +666,7 @@ def test_passwords_are_masked():
 
 
 async def test_an_unreachable_database_is_a_clear_error(postgres_url, tmp_path):
-    from tests.servers import free_port
+    from servers.process import free_port
 
     with pytest.raises(DatabaseUnavailable, match=r"Cannot open the database at postgresql\+asyncpg://postgres:\*\*\*@") as raised:
         await Store.open(f"postgresql://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{free_port()}/lab")

@@ -30,11 +30,11 @@ from backends.errors import (
     GenerationFailed,
     InputRejected,
 )
-from tests import openapi_contract
 from backends.tgi import TGIBackend
 from config import BackendConfig
+from servers.tgi_protocol import contract
+from servers.process import free_port
 from tests.fixtures_tgi import TGI_LABEL, TGI_MAX_INPUT_TOKENS, TGI_MAX_TOTAL_TOKENS
-from tests.servers import free_port
 from tests.streams import prepared_stream
 from core.streaming import measure
 
@@ -197,7 +197,7 @@ async def test_info_and_health(tgi_backend_factory, tgi_server):
     assert info.model_id == tgi_server.model_id
     assert info.context_length == TGI_MAX_TOTAL_TOKENS
     assert info.max_input_tokens == TGI_MAX_INPUT_TOKENS
-    assert info.server_version == openapi_contract.spec_version()
+    assert info.server_version == contract.spec_version()
 
 
 async def test_unhealthy_server_is_unavailable(tgi_backend_factory, tgi_server):

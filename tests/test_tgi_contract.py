@@ -13,8 +13,8 @@ import json
 import httpx
 import pytest
 
-from tests import openapi_contract as contract
-from tests.openapi_contract import ContractViolation
+from servers.tgi_protocol import contract
+from servers.tgi_protocol.contract import ContractViolation
 
 # Recorded from the TGI-protocol server (bundled SmolLM2, greedy, "What is the
 # capital of France? One word."): the last two events of /generate_stream and

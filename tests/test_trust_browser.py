@@ -13,19 +13,17 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import subprocess
-import os
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from core.auth import hash_password
 from store import normalise_url
+from servers.app import AppServer, backend_env, run_coroutine, stored
+from servers.paced_openai import paced_pair
 from tests.browser_frames import collect_frames, drain_frames
-from tests.fixtures_app import AppServer, backend_env, paced_pair, run_coroutine, stored
 from tests.fixtures_postgres import PostgresCluster, new_postgres_database
 from tests.test_compare_browser import SNAPSHOT_JS, change_settings, send, watch_round
 from tests.test_reports_browser import log_in, wait_ready, wait_for_history_title

@@ -17,10 +17,10 @@ from backends.base import ChatMessage, GenerationParams, StreamChunk
 from backends.engine_metrics import EngineSnapshot, parse_vllm_metrics
 from backends.errors import BackendUnavailable, InputRejected
 from backends.openai_compat import OpenAICompatBackend, server_root
-from config import BackendConfig
 from scripts.vllm_launch import BUNDLED_MODEL_NAME
+from config import BackendConfig
+from servers.process import free_port
 from tests.controls import reaches_the_cap
-from tests.servers import free_port
 from tests.streams import prepared_stream
 from core.timing import RequestRecord, TimedStream
 

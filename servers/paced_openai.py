@@ -1,7 +1,7 @@
-"""A small OpenAI-protocol server that streams at an exact, known pace.
+"""A stand-in OpenAI-protocol server that streams at an exact, known pace, and its handle.
 
-It stands in for a fast (or slow) serving engine when a test or benchmark
-needs to know exactly what was sent and when:
+It stands in for a fast (or slow) serving engine when a test, a benchmark or a
+classroom demo needs to know exactly what was sent and when:
 
 - `/v1/chat/completions` streams one token per chunk, token i sent at
   `start + first_token_s + i / rate` (an absolute schedule, so the pace does
@@ -26,8 +26,10 @@ needs to know exactly what was sent and when:
   "content_type"}` makes every chat request fail with that HTTP answer (a
   server's error page, say) instead of streaming.
 
-Run: `python -m tests.paced_openai_server --port P --rate 500 [--tokens 300]`.
-It binds 127.0.0.1 only.
+Run: `python -m servers.paced_openai --port P --rate 500 [--tokens 300]`.
+It binds 127.0.0.1 only. From Python, `start_paced_server(rate, tokens)` runs one
+in a process of its own and returns a `PacedServer` (its URLs, pace, faults and
+request log); `paced_pair` starts two, a left and a right engine.
 """
 
 from __future__ import annotations
@@ -38,13 +40,17 @@ import itertools
 import json
 import secrets
 import time
+import urllib.request
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from servers.process import PYTHON, ServerProcess, free_port
 
 MODEL_ID = "paced-test-model"
 CONTEXT_LENGTH_TOKENS = 8192
@@ -282,6 +288,77 @@ def create_app(pace: Pace) -> Starlette:
     ])
     app.state.paced = state
     return app
+
+
+# ---------------------------------------------------------------- a running server, from another process
+
+
+@dataclass
+class PacedServer:
+    """A running paced server (`python -m servers.paced_openai`) and its test-only routes."""
+
+    root_url: str
+    process: ServerProcess
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (what `N_BASE_URL` takes)."""
+        return self.root_url + "/v1"
+
+    def _call(self, path: str, body: dict | None = None) -> object:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.root_url + path, data=data,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def set_pace(self, rate_tokens_per_s: float, tokens: int, first_token_s: float = 0.0) -> None:
+        self._call("/test/pace", {"rate_tokens_per_s": rate_tokens_per_s, "tokens": tokens,
+                                  "first_token_s": first_token_s})
+
+    def set_faults(self, **faults: object) -> None:
+        """Test faults for later requests: stall_after_tokens=N, stall_s=S; require_key=K (None: off)."""
+        self._call("/test/pace", faults)
+
+    def set_reply(self, *, text: str | None = None, error: dict | None = None,
+                  rate_tokens_per_s: float = 200, first_token_s: float = 0.0) -> None:
+        """Every reply is `text` (streamed in small pieces), or every request fails with `error`
+        ({"status", "body", "content_type"}); the next `set_pace` goes back to w1..wN + marker."""
+        self._call("/test/pace", {"rate_tokens_per_s": rate_tokens_per_s, "first_token_s": first_token_s,
+                                  "text": text, "error": error})
+
+    def requests(self) -> list[dict]:
+        """Every chat request so far (marker, last_token_sent_at_s, closed_by_client, ...)."""
+        return self._call("/test/requests")
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_paced_server(rate_tokens_per_s: float, tokens: int, *, name: str = "paced-openai",
+                       timeout_s: float = 30.0) -> PacedServer:
+    """A paced server on a free loopback port, once its /health answers."""
+    port = free_port()
+    command = [PYTHON, "-m", "servers.paced_openai", "--port", str(port),
+               "--rate", str(rate_tokens_per_s), "--tokens", str(tokens)]
+    root_url = f"http://127.0.0.1:{port}"
+    process = ServerProcess(name, command).start_serving(root_url + "/health", timeout_s)
+    return PacedServer(root_url, process)
+
+
+@contextmanager
+def paced_pair(name: str, *, tokens: tuple[int, int] = (8, 6),
+               rates: tuple[float, float] = (200.0, 150.0)) -> Iterator[tuple[PacedServer, PacedServer]]:
+    """Two paced servers, a left and a right engine (for rounds, votes and the leaderboard), both
+    stopped on the way out (the first too if the second fails to start)."""
+    servers: list[PacedServer] = []
+    try:
+        for side, rate, count in zip(("left", "right"), rates, tokens):
+            servers.append(start_paced_server(rate_tokens_per_s=rate, tokens=count, name=f"paced-{name}-{side}"))
+        yield servers[0], servers[1]
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

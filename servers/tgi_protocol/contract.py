@@ -1,4 +1,4 @@
-"""TGI's OpenAPI spec as an executable contract.
+"""TGI's OpenAPI spec as an executable contract: what the stand-in checks every answer against.
 
 `validate(path, method, status, content_type, payload)` checks one payload
 (a response body, or one event of an SSE stream) against the schema the spec
@@ -31,7 +31,8 @@ from typing import Any, Iterator
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-REPO = Path(__file__).resolve().parent.parent
+from config import REPO
+
 DEFAULT_SPEC_PATH = REPO.parent / "shared" / "tgi-openapi.json"
 SPEC_PATH_VARIABLE = "TGI_OPENAPI_PATH"
 

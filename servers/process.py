@@ -1,8 +1,8 @@
-"""Start and stop the real servers that tests talk to.
+"""Start and stop a server process: one per stand-in, app or engine a test or benchmark talks to.
 
-Every server binds 127.0.0.1 on a free port, is started from a fixture and
-stopped by its PID at teardown. Its output goes to a log file that is printed
-when it fails to come up.
+Every server binds 127.0.0.1 on a free port, is started in a process group of
+its own and stopped by its PID. Its output goes to a log file under LOG_DIR,
+whose tail is quoted when it fails to come up.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from config import REPO
+
 # Not under .files/: Chainlit deletes that folder whenever an app stops.
 LOG_DIR = Path(os.environ.get("TEST_LOG_DIR", REPO / ".test-logs"))
+PYTHON = sys.executable
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -102,6 +105,3 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-PYTHON = sys.executable

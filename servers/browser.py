@@ -1,0 +1,23 @@
+"""Debian's chromium, launched through Playwright for browser tests and experiments.
+
+Playwright cannot download a browser on these machines, so it drives the
+`chromium` Debian package (or the one at $CHROMIUM_PATH), headless and kept off
+the network. Playwright is a test and experiment dependency, not the app's: the
+caller hands in its own Playwright object, and nothing here imports Playwright.
+"""
+
+from __future__ import annotations
+
+import os
+
+CHROMIUM_PATH = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def launch_chromium(playwright):
+    """Debian's chromium, headless, with the flags that keep it off the network
+    (`playwright` is what `sync_playwright()` gives)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM_PATH, headless=True, args=CHROMIUM_ARGS)
