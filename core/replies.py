@@ -28,7 +28,7 @@ from core.engines import Simulation, take_snapshot
 from core.history import fit_to_context
 from core.texts import text
 from core.settings import SessionSettings, load_presets
-from config import ChatDefaults, backend_names, load_env
+from config import ChatDefaults, ConfigurationError, backend_names, load_env
 from store import SavedLater, Store, StoredReply, StoreError
 from store.records import utc_now
 from core.timing import RequestRecord, TimedStream
@@ -107,7 +107,7 @@ class AppState:
                 try:
                     store = await Store.open(self.database_url)
                     await store.migrate()
-                except StoreError as error:
+                except (StoreError, ConfigurationError) as error:  # unavailable, or DATABASE_URL unusable
                     self.storage_problem = str(error)
                     self._storage_failed_at = time.monotonic()
                     log.error("storage unavailable: %s", error)
