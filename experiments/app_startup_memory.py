@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil  # noqa: E402
 
 from backends.llamacpp import resolve_model_path  # noqa: E402
+from backends.registry import backend_configs  # noqa: E402
 from bench.verdict import Goal, at_most, exit_status  # noqa: E402
-from config import backend_configs, load_env  # noqa: E402
+from config import load_env  # noqa: E402
 from tests.fixtures_app import chainlit_command, launch_chromium  # noqa: E402
 from tests.servers import REPO, ServerProcess, free_port  # noqa: E402
 

@@ -33,8 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.base import ChatMessage, GenerationParams  # noqa: E402
-from backends.llamacpp import LlamaCppBackend  # noqa: E402
-from config import BackendConfig, backend_configs, load_env  # noqa: E402
+from backends.llamacpp import KIND, LlamaCppBackend  # noqa: E402
+from backends.registry import backend_configs  # noqa: E402
+from config import BackendConfig, load_env  # noqa: E402
 from bench.verdict import Goal, all_of, at_least, at_most, exit_status  # noqa: E402
 from core.timing import measure  # noqa: E402
 
@@ -77,7 +78,7 @@ def embedded_config() -> BackendConfig:
     load_env()
     env = dict(os.environ)
     for config in backend_configs(env):
-        if config.kind == "llamacpp":
+        if config.kind == KIND.name:
             return config
     return backend_configs({**env, "BACKENDS": "llama_cpp"})[0]
 
