@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import httpx2  # the openai package's own transport: its exceptions are the causes of openai's
@@ -49,6 +50,7 @@ from backends.base import (
     BackendInfo,
     ChatMessage,
     GenerationParams,
+    IgnoredSetting,
     PreparedRequest,
     ServerFigures,
     StreamChunk,
@@ -320,6 +322,22 @@ async def rehearse_sdk() -> None:
 # ---------------------------------------------------------------- backend
 
 
+@dataclass(frozen=True)
+class RequestShape:
+    """What one request sends besides the model and the messages, and what a person reads about it.
+
+    `sent` holds the sampling settings as they go on the wire; those also in `extra_body` are not
+    the OpenAI API's and travel as extra body fields (with any other field there, e.g. a server's
+    own switches). `ignored` and `notes` are shown beside the reply.
+    """
+
+    sent: dict[str, Any]
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    stream_options: dict[str, Any] = field(default_factory=lambda: {"include_usage": True})
+    ignored: tuple[IgnoredSetting, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
 class OpenAICompatBackend:
     """A backend for vLLM (kind "vllm") or any OpenAI-compatible server (kind "openai")."""
 
@@ -374,6 +392,28 @@ class OpenAICompatBackend:
         model = await self.model_id()
         if time.monotonic() - self._last_used_s > WARM_AFTER_IDLE_S:
             await self.warm_up()
+        shape = self.shape(params)
+        request: dict[str, Any] = dict(
+            model=model,
+            messages=[message.as_dict() for message in messages],
+            stream=True,
+            stream_options=shape.stream_options,
+            **{name: value for name, value in shape.sent.items() if name not in shape.extra_body},
+        )
+        if shape.extra_body:
+            request["extra_body"] = shape.extra_body
+        return PreparedRequest(
+            messages=tuple(messages), params=params, model=model, sent=shape.sent,
+            ignored=shape.ignored, notes=shape.notes,
+            prepare_s=time.perf_counter() - started, body=request,
+        )
+
+    def shape(self, params: GenerationParams) -> RequestShape:
+        """The sampling fields, stream options and notes of one request: what only the kind decides.
+
+        vLLM gets the optional settings the panel set (its protocol extensions) and continuous
+        usage; kind openai only what the OpenAI API defines. Settings left empty are not sent.
+        """
         supported = self.spec.sampling
         stream_options: dict[str, Any] = {"include_usage": True}
         if self.is_vllm:
@@ -389,26 +429,16 @@ class OpenAICompatBackend:
                 sent[name] = extensions[name] = getattr(params, name)
         if params.seed is not None:
             sent["seed"] = params.seed
-        request: dict[str, Any] = dict(
-            model=model,
-            messages=[message.as_dict() for message in messages],
-            stream=True,
-            stream_options=stream_options,
-            **sent,
-        )
-        for name in extensions:
-            request.pop(name)
-        if extensions:
-            request["extra_body"] = extensions
         reason = "is not part of the OpenAI API (kind openai)" if not self.is_vllm else "is not supported"
         notes = ["settings left empty are not sent: the server's own defaults apply"]
         if self.is_vllm:
             notes.append("vLLM fills unsent settings from the model's generation_config.json (its default)")
-        return PreparedRequest(
-            messages=tuple(messages), params=params, model=model, sent=sent,
-            ignored=ignore_unsupported(params, supported, reason), notes=tuple(notes),
-            prepare_s=time.perf_counter() - started, body=request,
-        )
+        return RequestShape(sent=sent, extra_body=extensions, stream_options=stream_options,
+                            ignored=ignore_unsupported(params, supported, reason), notes=tuple(notes))
+
+    def parse(self, data: Mapping[str, Any], completion_tokens_so_far: int | None) -> tuple[StreamChunk | None, int | None]:
+        """One streamed chunk (as JSON) -> the chunk to pass on and the running count (`parse_chunk`)."""
+        return parse_chunk(data, completion_tokens_so_far, usage_source=self._usage_source)
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
         """Send the prepared request; closing this generator closes the HTTP stream (vLLM then aborts).
@@ -429,9 +459,7 @@ class OpenAICompatBackend:
                 chunks += 1
                 data = (completion_chunk.to_dict(warnings=False) if isinstance(completion_chunk, openai.BaseModel)
                         else completion_chunk)
-                chunk, completion_tokens_so_far = parse_chunk(
-                    data, completion_tokens_so_far, usage_source=self._usage_source
-                )
+                chunk, completion_tokens_so_far = self.parse(data, completion_tokens_so_far)
                 if chunk is not None:
                     finished = finished or chunk.finish_reason is not None
                     yield chunk
