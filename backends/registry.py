@@ -9,21 +9,27 @@ shared too.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from dataclasses import dataclass
 from typing import Mapping
 
-from backends import llamacpp, openai_compat, tgi
 from backends.base import Backend, BackendInfo
 from backends.errors import BackendError, UnknownBackend
 from backends.kinds import Kind, parse_backend_config
 from config import BackendConfig, backend_names
 
+
+def declared(module: str, name: str = "KIND") -> Kind:
+    """The `Kind` a backend module declares (imported here, so that module stays the only place)."""
+    return getattr(importlib.import_module(module), name)
+
+
 # Every backend kind, one line each, in the order `.env.example` documents them.
 KINDS: tuple[Kind, ...] = (
-    llamacpp.KIND,
-    openai_compat.VLLM_KIND,
-    openai_compat.OPENAI_KIND,
-    tgi.KIND,
+    declared("backends.llamacpp"),
+    declared("backends.openai_compat", "VLLM_KIND"),
+    declared("backends.openai_compat", "OPENAI_KIND"),
+    declared("backends.tgi"),
 )
 
 
