@@ -30,6 +30,7 @@ KINDS: tuple[Kind, ...] = (
     declared("backends.openai_compat", "VLLM_KIND"),
     declared("backends.openai_compat", "OPENAI_KIND"),
     declared("backends.tgi"),
+    declared("backends.llama_server"),
 )
 
 
