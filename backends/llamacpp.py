@@ -277,12 +277,11 @@ def sampling_arguments(params: GenerationParams) -> dict[str, float | int]:
 class LlamaCppBackend:
     """The in-process llama.cpp backend."""
 
-    in_process = True
-
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.name = config.name
         self.kind = KIND.name
+        self.in_process = KIND.in_process
         self.label = config.label
         self.model = shared_model(config)
         self.url = f"in-process: {self.model.path.name}"

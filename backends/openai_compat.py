@@ -341,12 +341,11 @@ class RequestShape:
 class OpenAICompatBackend:
     """A backend for vLLM (kind "vllm") or any OpenAI-compatible server (kind "openai")."""
 
-    in_process = False
-
     def __init__(self, config: BackendConfig) -> None:
         self.spec = self.kind_of(config)
         self.name = config.name
         self.kind = config.kind
+        self.in_process = self.spec.in_process
         self.label = config.label
         self.url = config.base_url
         self.stream_limits = StreamLimits.of(config)
@@ -693,6 +692,6 @@ OPENAI_KIND = Kind(
     create=OpenAICompatBackend,
     default_url="http://127.0.0.1:8001/v1",
     variables=(_MODEL,),
-    metrics_source=f"{VLLM_SOURCE} names, where the server has them",
+    metrics_source=VLLM_SOURCE,  # where the server has a /metrics in vLLM's names
     sampling=("seed",),
 )

@@ -237,8 +237,6 @@ def messages_fields(params: GenerationParams) -> tuple[dict[str, Any], list[str]
 class TGIBackend:
     """A TGI server (or anything speaking its protocol) on one of its two routes."""
 
-    in_process = False
-
     def __init__(self, config: BackendConfig) -> None:
         options = KIND.options_of(config)  # ConfigurationError naming the variable for a bad route
         if not config.base_url:
@@ -246,6 +244,7 @@ class TGIBackend:
         self.config = config
         self.name = config.name
         self.kind = KIND.name
+        self.in_process = KIND.in_process
         self.label = config.label
         self.url = config.base_url.rstrip("/")
         self.route = options["route"]
