@@ -22,7 +22,7 @@ from ui import session_view as session  # noqa: E402
 from core.auth import current_config  # noqa: E402
 from ui.session_view import guarded  # noqa: E402
 from ui.socket_guard import guard_socket  # noqa: E402
-from config import load_env  # noqa: E402
+from config import ConfigurationError, load_env  # noqa: E402
 from store import StoreError  # noqa: E402
 from store.db import migrate_blocking  # noqa: E402
 
@@ -40,7 +40,7 @@ session.start_up()
 try:
     # The tables exist before Chainlit's data layer first touches them (a login reads users).
     migrate_blocking()
-except StoreError as error:
+except (StoreError, ConfigurationError) as error:  # unavailable, or DATABASE_URL unusable
     # The chat works without it; each new chat says that replies are not being kept.
     logging.getLogger(__name__).error("storage unavailable, history and votes are off: %s", error)
 

@@ -5,7 +5,11 @@ Two things live here:
   bounds. The settings widgets are built from it.
 - `BackendConfig`: one entry per configured backend. `BACKENDS` lists the
   names; each name N reads variables prefixed `N_` (upper-cased, with
-  non-alphanumerics turned into `_`). See `.env.example` for every variable.
+  non-alphanumerics turned into `_`). Which variables, their defaults and
+  parsers are declared by each backend kind (backends/kinds.py parses them;
+  backends/registry.py lists the kinds). See `.env.example` for every variable.
+
+Nothing here names a backend kind.
 
 Backend URLs and keys come only from here, never from the chat UI.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -28,23 +32,8 @@ class ConfigurationError(ValueError):
     """A configuration value (from .env) that cannot work, with the variable to fix."""
 
 
-KINDS = ("llamacpp", "vllm", "openai", "tgi")
+# Backend names, not kinds: each name implies its kind through the kinds' aliases (backends/kinds.py).
 DEFAULT_BACKENDS = "llama_cpp,vllm,tgi"
-DEFAULT_URLS = {
-    "vllm": "http://127.0.0.1:8001/v1",
-    "openai": "http://127.0.0.1:8001/v1",
-    "tgi": "http://127.0.0.1:8080",
-}
-# The per-backend variables (after the N_ prefix) each kind reads; .env.example documents them.
-# The stream watchdog's limits (backends/watchdog.py), for every kind.
-_STREAM = ("FIRST_TOKEN_TIMEOUT_S", "STALL_TIMEOUT_S")
-_REMOTE = ("LABEL", "BASE_URL", "API_KEY", "TIMEOUT_S", "CONNECT_TIMEOUT_S") + _STREAM
-KIND_VARIABLES = {
-    "llamacpp": ("LABEL", "MODEL_PATH", "N_CTX", "THREADS") + _STREAM,
-    "vllm": _REMOTE + ("MODEL",),
-    "openai": _REMOTE + ("MODEL",),
-    "tgi": _REMOTE + ("ROUTE", "ADAPTER_ID", "CHAT_TEMPLATE"),
-}
 GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P",
                     "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TOP_K", "DEFAULT_MIN_P", "DEFAULT_REPETITION_PENALTY",
                     "DEFAULT_SEED", "DEFAULT_SYSTEM_PROMPT", "DEFAULT_MODE", "DEFAULT_COMPARE_BACKENDS",
@@ -56,13 +45,6 @@ GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAU
 TEST_HOLD_FILE_VARIABLE = "LAB_TEST_EMBEDDED_HOLD_FILE"
 # With it, the hold comes after this many tokens of each generation instead of before the first.
 TEST_HOLD_AFTER_TOKENS_VARIABLE = "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS"
-DEFAULT_LABELS = {
-    "llamacpp": "llama.cpp (embedded)",
-    "vllm": "vLLM",
-    "openai": "OpenAI-compatible",
-    "tgi": "TGI",
-}
-KIND_ALIASES = {"llama_cpp": "llamacpp", "llama.cpp": "llamacpp", "llamacpp": "llamacpp"}
 
 
 def load_env(path: str | os.PathLike | None = None) -> None:
@@ -142,7 +124,7 @@ def _bound(env: Mapping[str, str], variable: str, bound: Bound) -> Bound:
     raw = env.get(variable)
     if raw is None or raw == "":
         return bound
-    value = _number(variable, raw)
+    value = parse_number(variable, raw)
     if not bound.minimum <= value <= bound.maximum:
         raise ConfigurationError(
             f"{variable}={raw} is outside {bound.minimum}..{bound.maximum}."
@@ -174,7 +156,7 @@ def _optional_bound(env: Mapping[str, str], variable: str, bound: OptionalBound)
     raw = (env.get(variable) or "").strip()
     if not raw:
         return bound
-    value = _number(variable, raw)
+    value = parse_number(variable, raw)
     if not bound.minimum <= value <= bound.maximum or (bound.integer and value != int(value)):
         kind = "a whole number" if bound.integer else "a number"
         raise ConfigurationError(
@@ -183,15 +165,15 @@ def _optional_bound(env: Mapping[str, str], variable: str, bound: OptionalBound)
     return OptionalBound(int(value) if bound.integer else value, bound.minimum, bound.maximum, bound.integer)
 
 
-def _seconds(variable: str, raw: str) -> float:
+def parse_seconds(variable: str, raw: str) -> float:
     """A time limit: a positive number of seconds."""
-    value = _number(variable, raw)
+    value = parse_number(variable, raw)
     if not value > 0 or value == float("inf"):
         raise ConfigurationError(f"{variable}={raw} must be a positive number of seconds.")
     return value
 
 
-def _number(variable: str, raw: str) -> float:
+def parse_number(variable: str, raw: str) -> float:
     try:
         return float(raw)
     except ValueError:
@@ -200,32 +182,28 @@ def _number(variable: str, raw: str) -> float:
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Server-side settings of one named backend."""
+    """Server-side settings of one named backend: what every kind has, plus its kind's own options.
+
+    `options` holds the values of the variables only its kind declares (e.g. TGI's route, the
+    embedded model's file), by the variable's name in lower case, parsed by the kind's spec
+    (backends/kinds.py); a backend reads them through `Kind.options_of`, which fills defaults.
+    The HTTP fields are unused by a kind that runs in this process.
+    """
 
     name: str
     kind: str
     label: str
     base_url: str = ""
     api_key: str = ""
-    model: str = ""
     # The transport's read timeout: the longest wait for any bytes (a last resort; the
     # watchdog's first-token and stall limits below normally fire first).
     timeout_s: float = 120.0
     connect_timeout_s: float = 3.0
-    # Request sent -> first text (the embedded model's own queue does not count).
+    # Request sent -> first text (an in-process engine's own queue does not count).
     first_token_timeout_s: float = 60.0
     # The longest gap between chunks once text flows.
     stall_timeout_s: float = 30.0
-    # TGI only: "messages" (/v1/chat/completions) or "generate" (/generate_stream).
-    tgi_route: str = "messages"
-    tgi_adapter_id: str = ""
-    # TGI native route: a Jinja chat template used instead of the server's /chat_tokenize.
-    tgi_chat_template: str = ""
-    # llama.cpp only.
-    model_path: str = ""
-    n_ctx: int = 2048
-    n_threads: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def env_prefix(self) -> str:
@@ -241,45 +219,3 @@ def backend_names(env: Mapping[str, str]) -> list[str]:
     if len(set(names)) != len(names):
         raise ConfigurationError(f"BACKENDS lists a name twice: {env.get('BACKENDS')!r}.")
     return names
-
-
-def backend_configs(env: Mapping[str, str]) -> list[BackendConfig]:
-    """Parse every backend named in BACKENDS."""
-    return [_backend_config(name, env) for name in backend_names(env)]
-
-
-def _backend_config(name: str, env: Mapping[str, str]) -> BackendConfig:
-    prefix = env_prefix(name)
-
-    def get(key: str, default: str = "") -> str:
-        return env.get(prefix + key, default).strip()
-
-    kind = get("KIND") or KIND_ALIASES.get(name.lower(), name.lower())
-    kind = KIND_ALIASES.get(kind, kind)
-    if kind not in KINDS:
-        raise ConfigurationError(
-            f"Backend {name!r} has kind {kind!r}; set {prefix}KIND to one of: {', '.join(KINDS)}."
-        )
-    route = (get("ROUTE") or "messages").lower()
-    if kind == "tgi" and route not in ("messages", "generate"):
-        raise ConfigurationError(f"{prefix}ROUTE={route!r}: use 'messages' or 'generate'.")
-    values = dict(
-        name=name,
-        kind=kind,
-        label=get("LABEL", DEFAULT_LABELS[kind] if name.lower() in KIND_ALIASES or name.lower() == kind else name),
-        base_url=get("BASE_URL", DEFAULT_URLS.get(kind, "")).rstrip("/"),
-        api_key=get("API_KEY"),
-        model=get("MODEL"),
-        timeout_s=_seconds(prefix + "TIMEOUT_S", get("TIMEOUT_S", "120")),
-        connect_timeout_s=_seconds(prefix + "CONNECT_TIMEOUT_S", get("CONNECT_TIMEOUT_S", "3")),
-        first_token_timeout_s=_seconds(prefix + "FIRST_TOKEN_TIMEOUT_S", get("FIRST_TOKEN_TIMEOUT_S", "60")),
-        stall_timeout_s=_seconds(prefix + "STALL_TIMEOUT_S", get("STALL_TIMEOUT_S", "30")),
-        tgi_route=route,
-        tgi_adapter_id=get("ADAPTER_ID"),
-        tgi_chat_template=get("CHAT_TEMPLATE"),
-        model_path=get("MODEL_PATH"),
-        n_ctx=int(_number(prefix + "N_CTX", get("N_CTX", "2048"))),
-        n_threads=int(_number(prefix + "THREADS", get("THREADS", "0"))),
-    )
-    known = {f.name for f in fields(BackendConfig)}
-    return BackendConfig(**{k: v for k, v in values.items() if k in known})

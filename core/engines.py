@@ -93,6 +93,12 @@ def engine_rows(snapshot: EngineSnapshot, change: EngineRates | None) -> list[di
         ("context", "context used", None if snapshot.context_used_tokens is None or not snapshot.context_tokens else
          f"{snapshot.context_used_tokens} / {snapshot.context_tokens} tokens"),
     ]
+    for figure in snapshot.more:  # what only this engine reports, as it labels it
+        value = figure.pattern.format(figure.value)
+        per_s = None if change is None else change.more_per_s.get(figure.key)
+        if per_s is not None:
+            value += f" ({per_s:.1f}/s last second)"
+        rows.append((figure.key, figure.label, value))
     return [{"key": key, "label": label, "value": value} for key, label, value in rows if value is not None]
 
 

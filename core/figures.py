@@ -7,13 +7,8 @@ rates rounded; None = not reported.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from backends.base import PreparedRequest, ServerFigures
 from core.timing import LiveFigures, RequestRecord
-
-if TYPE_CHECKING:
-    from core.replies import ReplyPlan
 
 
 def _ms(seconds: float | None, digits: int = 1) -> float | None:
@@ -29,10 +24,10 @@ def ignored_lines(request: PreparedRequest | None) -> list[str]:
     return [] if request is None else [ignored.describe() for ignored in request.ignored]
 
 
-def initial_props(plan: "ReplyPlan", lang: str) -> dict:
+def initial_props(*, backend: str, model: str, request: PreparedRequest | None, lang: str) -> dict:
     """Props before the request leaves: who answers, and what they will ignore (shown at once)."""
-    return {"state": "starting", "lang": lang, "backend": plan.label, "model": plan.model,
-            "ignored": ignored_lines(plan.request)}
+    return {"state": "starting", "lang": lang, "backend": backend, "model": model,
+            "ignored": ignored_lines(request)}
 
 
 def live_props(figures: LiveFigures, *, backend: str, model: str, lang: str,

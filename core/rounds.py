@@ -83,8 +83,8 @@ class RoundSettings:
 
 
 def runs_on_this_machine(backend: Backend) -> bool:
-    """The embedded model, or a server on a loopback address: it shares this machine's CPU/GPU."""
-    if backend.kind == "llamacpp":
+    """An in-process engine, or a server on a loopback address: it shares this machine's CPU/GPU."""
+    if backend.in_process:
         return True
     return (urlparse(backend.url).hostname or "") in LOOPBACK_HOSTS
 

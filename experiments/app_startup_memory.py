@@ -27,8 +27,9 @@ import urllib.request
 import psutil
 
 from backends.llamacpp import resolve_model_path
+from backends.registry import backend_configs
 from bench.verdict import Goal, at_most, exit_status
-from config import REPO, backend_configs, load_env
+from config import REPO, load_env
 from servers.app import chainlit_command
 from servers.browser import launch_chromium
 from servers.process import ServerProcess, free_port

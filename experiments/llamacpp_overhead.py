@@ -30,9 +30,10 @@ import time
 from dataclasses import dataclass
 
 from backends.base import ChatMessage, GenerationParams
-from backends.llamacpp import LlamaCppBackend
+from backends.llamacpp import KIND, LlamaCppBackend
+from backends.registry import backend_configs
 from bench.verdict import Goal, all_of, at_least, at_most, exit_status
-from config import BackendConfig, backend_configs, load_env
+from config import BackendConfig, load_env
 from core.streaming import measure
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -74,7 +75,7 @@ def embedded_config() -> BackendConfig:
     load_env()
     env = dict(os.environ)
     for config in backend_configs(env):
-        if config.kind == "llamacpp":
+        if config.kind == KIND.name:
             return config
     return backend_configs({**env, "BACKENDS": "llama_cpp"})[0]
 

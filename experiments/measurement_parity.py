@@ -108,9 +108,9 @@ async def main() -> int:
         "vllm": OpenAICompatBackend(BackendConfig(name="vllm", kind="vllm", label="vllm",
                                                   base_url=openai_server.base_url)),
         "tgi messages": TGIBackend(BackendConfig(name="tgi", kind="tgi", label="tgi", base_url=tgi_server.url,
-                                                 tgi_route="messages")),
+                                                 options={"route": "messages"})),
         "tgi generate": TGIBackend(BackendConfig(name="tgi", kind="tgi", label="tgi", base_url=tgi_server.url,
-                                                 tgi_route="generate")),
+                                                 options={"route": "generate"})),
     }
     params = GenerationParams(temperature=0.7, top_p=0.9, max_new_tokens=args.tokens)
     print(f"paced servers: {args.rate:g} tokens/s, {args.tokens} tokens, first token after {args.first_token_ms:g} ms; "

@@ -11,7 +11,7 @@ import asyncio
 import sys
 
 from store.db import Store
-from store.errors import StoreError
+from store.errors import ConfigurationError, StoreError
 from store.schema import SCHEMA_VERSION
 from store.urls import REPO
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     load_dotenv(REPO / ".env", override=False)
     try:
         asyncio.run(_init() if args.command == "init" else _info())
-    except StoreError as error:
+    except (StoreError, ConfigurationError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -1,18 +1,17 @@
 """Typed errors of the storage layer.
 
-Handlers catch `StoreError` (or one of its subclasses); anything else coming
-out of the store is a bug and is allowed to surface.
+Handlers catch `StoreError` (or one of its subclasses), and `ConfigurationError`
+(config.py's, the app's one) for a `DATABASE_URL` this app cannot use; anything
+else coming out of the store is a bug and is allowed to surface.
 """
 
 from __future__ import annotations
 
+from config import ConfigurationError  # noqa: F401  (raised for an unusable DATABASE_URL)
+
 
 class StoreError(Exception):
     """A storage problem a person can act on."""
-
-
-class ConfigurationError(StoreError):
-    """`DATABASE_URL` is not a database this app can use."""
 
 
 class DatabaseUnavailable(StoreError):

@@ -21,8 +21,7 @@ from pathlib import Path
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from config import REPO
-from store.errors import ConfigurationError
+from config import REPO, ConfigurationError
 
 DEFAULT_SQLITE_PATH = REPO / ".data" / "serving_lab.db"
 ENV_VARIABLE = "DATABASE_URL"

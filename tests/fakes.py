@@ -32,6 +32,7 @@ class FakeBackend:
     label: str = ""
     kind: str = "openai"
     url: str = "http://10.0.0.1:8000/v1"
+    in_process: bool = False
     replies: list[FakeReply] = field(default_factory=list)
     available: bool = True
     context_length: int = 4096

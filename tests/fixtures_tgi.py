@@ -9,6 +9,7 @@ Register with `pytest_plugins = ["tests.fixtures_tgi"]` (or `-p tests.fixtures_t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterator
 
 import pytest
@@ -36,14 +37,18 @@ def tgi_server() -> Iterator[TGIServer]:
 
 @pytest.fixture
 async def tgi_backend_factory(tgi_server: TGIServer):
-    """Build TGIBackends on the test server: `make(route="messages"|"generate", **BackendConfig fields)`."""
+    """Build TGIBackends on the test server: `make(route="messages"|"generate", **overrides)`, each
+    override a BackendConfig field (base_url, api_key, timeout_s...) or a TGI option (adapter_id,
+    chat_template)."""
     created: list[TGIBackend] = []
+    fields = {f.name for f in dataclasses.fields(BackendConfig)}
 
     def make(route: str = "messages", **overrides: Any) -> TGIBackend:
         values = dict(name="tgi", kind="tgi", label=TGI_LABEL, base_url=tgi_server.url,
-                      tgi_route=route, timeout_s=60.0, connect_timeout_s=3.0)
-        values.update(overrides)
-        backend = TGIBackend(BackendConfig(**values))
+                      timeout_s=60.0, connect_timeout_s=3.0)
+        values.update({key: value for key, value in overrides.items() if key in fields})
+        options = {"route": route, **{key: value for key, value in overrides.items() if key not in fields}}
+        backend = TGIBackend(BackendConfig(**values, options=options))
         created.append(backend)
         return backend
 

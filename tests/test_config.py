@@ -3,8 +3,9 @@
 import pytest
 
 from backends.errors import ConfigurationError, UnknownBackend
+from backends.registry import KINDS, backend_configs
 from core.settings import SessionSettings, load_presets
-from config import ChatDefaults, backend_configs, backend_names
+from config import ChatDefaults, backend_names
 
 
 def test_default_backends_are_the_three_stacks():
@@ -12,7 +13,8 @@ def test_default_backends_are_the_three_stacks():
     assert list(configs) == ["llama_cpp", "vllm", "tgi"]
     assert configs["llama_cpp"].kind == "llamacpp" and configs["llama_cpp"].label == "llama.cpp (embedded)"
     assert configs["vllm"].base_url == "http://127.0.0.1:8001/v1"
-    assert configs["tgi"].tgi_route == "messages"
+    assert configs["tgi"].options == {"route": "messages", "adapter_id": "", "chat_template": ""}
+    assert configs["llama_cpp"].options == {"model_path": "", "n_ctx": 2048, "threads": 0}
 
 
 def test_any_number_of_named_backends_with_their_own_variables():
@@ -26,7 +28,9 @@ def test_any_number_of_named_backends_with_their_own_variables():
     assert configs["vllm-big"].base_url == "http://127.0.0.1:9000/v1" and configs["vllm-big"].api_key == "k"
     assert configs["vllm-big"].label == "vllm-big"
     assert configs["local-server"].kind == "openai" and configs["local-server"].label == "llama.cpp server"
-    assert configs["tgi-native"].tgi_route == "generate" and configs["tgi-native"].tgi_adapter_id == "my-lora"
+    assert configs["tgi-native"].options["route"] == "generate"
+    assert configs["tgi-native"].options["adapter_id"] == "my-lora"
+    assert configs["local-server"].options == {"model": ""} and configs["local-server"].base_url.endswith("/v1")
 
 
 def test_every_backend_has_its_own_stream_limits_with_defaults():
@@ -42,11 +46,53 @@ def test_every_backend_has_its_own_stream_limits_with_defaults():
 
 def test_llama_cpp_model_path_variable():
     (config,) = backend_configs({"BACKENDS": "llama_cpp", "LLAMA_CPP_MODEL_PATH": "/models/ernie.gguf"})
-    assert config.model_path == "/models/ernie.gguf"
+    assert config.options["model_path"] == "/models/ernie.gguf"
+
+
+def test_a_name_implies_its_kind_through_the_aliases_and_an_empty_value_takes_the_default():
+    configs = {c.name: c for c in backend_configs({"BACKENDS": "llama.cpp,vllm,tgi", "TGI_ROUTE": " ",
+                                                   "VLLM_TIMEOUT_S": ""})}
+    assert configs["llama.cpp"].kind == "llamacpp" and configs["llama.cpp"].label == "llama.cpp (embedded)"
+    assert configs["tgi"].options["route"] == "messages" and configs["vllm"].timeout_s == 120.0
+    (aliased,) = backend_configs({"BACKENDS": "box", "BOX_KIND": "llama_cpp", "BOX_N_CTX": "4096"})
+    assert aliased.kind == "llamacpp" and aliased.options["n_ctx"] == 4096 and aliased.label == "box"
+
+
+def test_an_unknown_kind_lists_every_known_kind():
+    with pytest.raises(ConfigurationError) as raised:
+        backend_configs({"BACKENDS": "box", "BOX_KIND": "sglang"})
+    message = str(raised.value)
+    assert "'sglang'" in message and "BOX_KIND" in message
+    assert all(kind.name in message for kind in KINDS)
+
+
+def test_a_backend_built_in_code_gets_its_kinds_defaults_and_a_typo_is_refused():
+    from backends.tgi import KIND as TGI
+    from config import BackendConfig
+
+    assert TGI.options_of(BackendConfig("t", "tgi", "T"))["route"] == "messages"
+    with pytest.raises(ConfigurationError, match="has no option rout; its options: route, adapter_id"):
+        TGI.options_of(BackendConfig("t", "tgi", "T", options={"rout": "generate"}))
+    with pytest.raises(ConfigurationError, match="T_ROUTE='grpc'"):
+        TGI.options_of(BackendConfig("t", "tgi", "T", options={"route": "grpc"}))
+
+
+def test_every_kind_declares_a_label_help_and_parsable_defaults():
+    from config import BackendConfig
+
+    assert len({kind.name for kind in KINDS}) == len(KINDS)
+    names = [name for kind in KINDS for name in kind.names()]
+    assert len(set(names)) == len(names), "an alias may imply one kind only"
+    for kind in KINDS:
+        assert kind.label and all(variable.help for variable in kind.declared_variables)
+        kind.options_of(BackendConfig("x", kind.name, kind.label))  # every default parses
+        assert set(kind.sampling) <= {"top_k", "min_p", "repetition_penalty", "seed"}
 
 
 @pytest.mark.parametrize("env, needle", [
     ({"BACKENDS": "mystery"}, "MYSTERY_KIND"),
+    ({"BACKENDS": "llama_cpp", "LLAMA_CPP_N_CTX": "big"}, "LLAMA_CPP_N_CTX"),
+    ({"BACKENDS": "llama_cpp", "LLAMA_CPP_THREADS": "1.5"}, "LLAMA_CPP_THREADS='1.5' must be a whole number"),
     ({"BACKENDS": "a,a", "A_KIND": "vllm"}, "twice"),
     ({"BACKENDS": "tgi", "TGI_ROUTE": "grpc"}, "TGI_ROUTE"),
     ({"BACKENDS": "vllm", "VLLM_TIMEOUT_S": "soon"}, "VLLM_TIMEOUT_S"),
@@ -130,13 +176,30 @@ def test_optional_defaults_from_env_are_validated():
 
 
 def test_every_variable_is_documented_in_env_example():
+    """Every global variable, and for every kind every variable it declares, under one backend
+    name of that kind (a name that implies it, or one given N_KIND=<kind>), with its default."""
     from pathlib import Path
 
-    from config import GLOBAL_VARIABLES, KIND_VARIABLES, backend_configs, env_prefix
+    from backends.kinds import kinds_by_name
+    from config import GLOBAL_VARIABLES, env_prefix
 
     example = (Path(__file__).resolve().parent.parent / ".env.example").read_text()
-    documented = {line.split("=", 1)[0].lstrip("# ").strip() for line in example.splitlines() if "=" in line}
-    expected = set(GLOBAL_VARIABLES)
-    for config in backend_configs({}):
-        expected |= {env_prefix(config.name) + key for key in KIND_VARIABLES[config.kind]}
-    assert expected - documented == set()
+    documented = {}
+    for line in example.splitlines():
+        if "=" in line:
+            variable, _, value = line.lstrip("# ").partition("=")
+            documented[variable.strip()] = value.split("  #")[0].strip()
+    assert set(GLOBAL_VARIABLES) - set(documented) == set()
+    by_name = kinds_by_name(KINDS)
+    for kind in KINDS:
+        prefixes = {env_prefix(name) for name in kind.names()}
+        prefixes |= {variable[: -len("KIND")] for variable, value in documented.items()
+                     if variable.endswith("_KIND") and by_name.get(value.lower()) is kind}
+        complete = [prefix for prefix in prefixes
+                    if all(prefix + v.name in documented for v in kind.declared_variables)]
+        assert complete, f"no backend of kind {kind.name} in .env.example documents all of " \
+                         f"{', '.join(v.name for v in kind.declared_variables)}"
+        prefix = complete[0]
+        for variable in kind.declared_variables:
+            if variable.field != "label":
+                assert documented[prefix + variable.name] in ("", variable.default), prefix + variable.name

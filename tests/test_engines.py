@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backends.engine_metrics import EngineSnapshot
+from backends.engine_metrics import EngineFigure, EngineSnapshot
 from core.load.prompt_sets import load_prompt_set
 from ui import engines_view
 from core.auth import AuthConfig
@@ -38,6 +38,20 @@ def test_a_stand_ins_card_running_simulation_and_chart_points_say_stand_in():
     assert [engine["label"] for engine in props["engines"]] == ["TGI (stand-in)", "vLLM"]
     assert props["simulation"]["backend"] == "TGI (stand-in)"
     assert props["points"][0]["backend"] == "TGI (stand-in)"
+
+
+def test_figures_only_one_engine_reports_get_rows_after_the_common_ones_and_counters_a_rate():
+    def snapshot(at_s: float, decodes: float) -> EngineSnapshot:
+        return EngineSnapshot(source="Engine X /metrics", taken_at_s=at_s, running_requests=1, more=(
+            EngineFigure("slots", "slots busy / idle", 1.0, "{:.0f} / 3"),
+            EngineFigure("decodes", "decode calls", decodes, "{:.0f}", counter=True)))
+
+    assert not EngineSnapshot(source="x", taken_at_s=0.0, more=snapshot(0, 0).more).is_empty
+    props = panel_props([EngineReading("x", "Engine X", snapshot(2.0, 150.0))], {"x": snapshot(1.0, 100.0)}, "en")
+    rows = [(row["key"], row["value"]) for row in props["engines"][0]["rows"]]
+    assert rows == [("running", "1"), ("slots", "1 / 3"), ("decodes", "150 (50.0/s last second)")]
+    first = panel_props([EngineReading("x", "Engine X", snapshot(2.0, 150.0))], {}, "en")
+    assert first["engines"][0]["rows"][-1] == {"key": "decodes", "label": "decode calls", "value": "150"}
 
 
 def _prompts():
@@ -164,7 +178,7 @@ async def test_a_reply_from_a_stand_in_is_labelled_one_in_its_figures_and_its_st
     for backend, shown in ((tgi, "TGI (stand-in)"), (vllm, "vLLM")):
         plan = await plan_reply(state, settings(backend.name), [], "hello")
         assert plan.label == shown
-        assert initial_props(plan, "en")["backend"] == shown
+        assert initial_props(backend=plan.label, model=plan.model, request=plan.request, lang="en")["backend"] == shown
         timed = plan.open_stream()
         text = "".join([chunk.text async for chunk in timed])
         record = timed.finish("completed")

@@ -340,9 +340,9 @@ def words(route: str | None, count: int) -> list[bytes]:
 def make_backend(root_url: str, route: str | None, **config) -> OpenAICompatBackend | TGIBackend:
     if route is None:
         return OpenAICompatBackend(BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=root_url + "/v1",
-                                                 model="m", **config))
-    return TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url=root_url, tgi_route=route,
-                                    tgi_chat_template=CHATML, **config))
+                                                 options={"model": "m"}, **config))
+    return TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url=root_url,
+                                    options={"route": route, "chat_template": CHATML}, **config))
 
 
 async def stream_reply(backend, received: list[str] | None = None) -> list[str]:
@@ -578,7 +578,7 @@ async def test_read_timeout_mid_reply_says_it_is_the_read_timeout(paced_openai: 
 @pytest.mark.parametrize("route", ROUTES)
 async def test_first_token_timeout_on_tgi_ends_the_generation(route, paced_tgi: TGIServer):
     backend = TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url=paced_tgi.url,
-                                       tgi_route=route, first_token_timeout_s=0.4))
+                                       options={"route": route}, first_token_timeout_s=0.4))
     with pytest.raises(BackendTimeout) as raised:
         await stream_reply(backend)
     assert f"TGI at {paced_tgi.url}: no first token within 0.4 s (TGI_FIRST_TOKEN_TIMEOUT_S)." in str(raised.value)

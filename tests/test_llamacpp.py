@@ -204,7 +204,7 @@ async def test_prompt_longer_than_the_context_is_rejected_clearly(llama):
 
 async def test_a_missing_gguf_is_reported_with_the_variable_to_set():
     backend = LlamaCppBackend(BackendConfig(name="llama_cpp", kind="llamacpp", label="llama.cpp",
-                                            model_path="/nonexistent/model.gguf"))
+                                            options={"model_path": "/nonexistent/model.gguf"}))
     with pytest.raises(BackendUnavailable, match="LLAMA_CPP_MODEL_PATH"):
         await backend.health()
 

@@ -73,7 +73,7 @@ async def backend_of(paced_openai, paced_tgi):
         else:
             route = kind.split("-")[1]
             backend = TGIBackend(BackendConfig(name=kind, kind="tgi", label=kind, base_url=paced_tgi.url,
-                                               tgi_route=route))
+                                               options={"route": route}))
         created.append(backend)
         return backend
 

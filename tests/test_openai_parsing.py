@@ -270,7 +270,8 @@ class LlamaServerStandIn(CannedServer):
 async def stream_all(base_url: str, received: list[str] | None = None, **config) -> list[str]:
     """Stream a reply from `base_url` with the vLLM backend; the text pieces land in `received`."""
     backend = OpenAICompatBackend(
-        BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=base_url, model="smollm2-135m-instruct", **config)
+        BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=base_url,
+                      options={"model": "smollm2-135m-instruct"}, **config)
     )
     received = [] if received is None else received
     try:

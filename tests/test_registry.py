@@ -16,6 +16,8 @@ def test_built_from_env_in_order_with_one_class_per_kind():
     assert isinstance(registry.get("llama_cpp"), LlamaCppBackend)
     assert isinstance(registry.get("vllm"), OpenAICompatBackend)
     assert isinstance(registry.get("tgi"), TGIBackend)
+    # Each backend answers what its kind declares; callers never compare kind names.
+    assert [backend.in_process for backend in registry] == [True, False, False]
 
 
 def test_unknown_name_lists_the_configured_ones():

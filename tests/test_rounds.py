@@ -71,7 +71,7 @@ def test_round_settings_are_checked_with_clear_reasons():
 
 def test_auto_run_order_is_sequential_when_two_backends_share_this_machine():
     local_server = FakeBackend("local", url="http://127.0.0.1:8001/v1")
-    embedded = FakeBackend("embedded", kind="llamacpp", url="in-process: model.gguf")
+    embedded = FakeBackend("embedded", kind="llamacpp", url="in-process: model.gguf", in_process=True)
     remote = FakeBackend("remote", url="http://gpu-box.example:8000/v1")
     other_remote = FakeBackend("remote2", url="http://10.1.2.3:8080")
     assert runs_on_this_machine(local_server) and runs_on_this_machine(embedded) and not runs_on_this_machine(remote)

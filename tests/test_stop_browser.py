@@ -175,7 +175,8 @@ def test_stop_ends_the_request_on_the_real_vllm_server(page: Page, vllm_stop_app
 @pytest.mark.parametrize("route", list(TGI_BACKENDS))
 def test_stop_cancels_the_generation_on_the_tgi_server(page: Page, stop_app: AppServer, tgi_server, route):
     name, label, path = TGI_BACKENDS[route]
-    runs_to_the_cap(BackendConfig(name=name, kind="tgi", label=label, base_url=tgi_server.url, tgi_route=route))
+    runs_to_the_cap(BackendConfig(name=name, kind="tgi", label=label, base_url=tgi_server.url,
+                                  options={"route": route}))
     generations_before = len(run_coroutine(tgi_server.generations()))
     violations_before = len(run_coroutine(tgi_server.violations()))
     open_chat(page, stop_app)

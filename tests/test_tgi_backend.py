@@ -176,7 +176,7 @@ async def test_generate_route_with_a_configured_chat_template(template_source, t
         path = tmp_path / "chatml.jinja"
         path.write_text(CHATML_TEMPLATE, encoding="utf-8")
         template = str(path)
-    backend = tgi_backend_factory("generate", tgi_chat_template=template)
+    backend = tgi_backend_factory("generate", chat_template=template)
 
     text, record = await measure(backend, QUESTION, SHORT)
 
@@ -364,7 +364,7 @@ async def test_server_that_never_answers_is_backend_timeout(route, tgi_backend_f
 def test_unknown_route_is_a_configuration_error():
     with pytest.raises(ConfigurationError) as caught:
         TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url="http://127.0.0.1:1",
-                                 tgi_route="completions"))
+                                 options={"route": "completions"}))
     assert "TGI_ROUTE" in str(caught.value) and "messages" in str(caught.value)
 
 
@@ -418,7 +418,7 @@ async def test_lora_adapter_is_passed_the_way_tgi_expects(route, tgi_backend_fac
     path = ROUTE_PATHS[route]
     await measure(tgi_backend_factory(route), QUESTION, SHORT)
     without = await last_body(tgi_server, path)
-    backend = tgi_backend_factory(route, tgi_adapter_id="support-lora")
+    backend = tgi_backend_factory(route, adapter_id="support-lora")
     await measure(backend, QUESTION, SHORT)
     with_adapter = await last_body(tgi_server, path)
 

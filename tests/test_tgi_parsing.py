@@ -88,7 +88,7 @@ def test_a_role_only_first_chunk_and_a_separate_finish_chunk_add_no_tokens():
 
 def backend(route: str = "generate") -> TGIBackend:
     return TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url="http://127.0.0.1:9",
-                                    tgi_route=route))
+                                    options={"route": route}))
 
 
 def test_an_error_event_becomes_the_typed_error_with_tgis_words():
@@ -139,7 +139,7 @@ def test_messages_fields_send_only_what_the_panel_set():
 def prepared_without_a_server(route: str):
     """A TGI backend whose prepare() needs no server: a local chat template, a connection just used."""
     tgi = TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url="http://127.0.0.1:9",
-                                   tgi_route=route, tgi_chat_template="{{ messages[0]['content'] }}"))
+                                   options={"route": route, "chat_template": "{{ messages[0]['content'] }}"}))
     tgi._last_used_s = time.monotonic()  # no warm-up request
 
     async def prepare(params: GenerationParams):

@@ -121,7 +121,7 @@ async def test_too_long_prompt_is_rejected_with_the_context_length(vllm):
 
 async def test_unreachable_server_names_its_url_and_how_to_start_it():
     url = f"http://127.0.0.1:{free_port()}/v1"
-    backend = vllm_backend(url, model=BUNDLED_MODEL_NAME)
+    backend = vllm_backend(url, options={"model": BUNDLED_MODEL_NAME})
     try:
         with pytest.raises(BackendUnavailable) as raised:
             async for _ in prepared_stream(backend, COUNTING_PROMPT, GenerationParams(max_new_tokens=4)):

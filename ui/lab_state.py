@@ -4,12 +4,12 @@ Counts only, nothing about anyone's chats: rows waiting for an unavailable
 database (the outbox), sessions Chainlit keeps (connected,
 and disconnected ones it keeps for `session_timeout` so a tab can reconnect),
 threads, asyncio tasks, TCP connections (from clients, and to backends), open
-files, memory, and each embedded model's own counts (generating, waiting,
-tokens generated so far).
+files, memory, and each in-process engine's own counts (generating, waiting,
+tokens generated so far), as its kind reports them (`Kind.process_state`).
 
 Threads and tasks are counted by kind, because some grow on purpose and stay
 bounded: the database pool's connection threads (aiosqlite runs one thread per
-connection), asyncio's default executor, the one llama.cpp thread per model,
+connection), asyncio's default executor, an in-process engine's thread per model,
 the task that frees a disconnected session after `session_timeout`, and
 engine.io's ping task, which ends within one ping interval after its socket
 closed. What is left, "other", has no such bound: the load test reads the state
@@ -27,7 +27,7 @@ import psutil
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from backends.llamacpp import shared_models
+from backends.registry import KINDS
 from store.outbox import all_outboxes
 from vocabulary import LOOPBACK_HOSTS
 
@@ -37,7 +37,8 @@ STARTED_AT = time.monotonic()
 THREAD_KINDS = (
     ("_connection_worker_thread", "database"),  # aiosqlite: one per pooled connection
     ("asyncio_", "executor"),  # asyncio's default ThreadPoolExecutor (bounded by max_workers)
-    ("llama-cpp-", "model"),  # backends.llamacpp: one per loaded model
+    # An in-process engine's threads, as its kind names them (the embedded llama.cpp: one per model).
+    *((kind.worker_threads, "model") for kind in KINDS if kind.worker_threads),
 )
 # Task coroutine names -> kind.
 TASK_KINDS = (
@@ -73,19 +74,13 @@ def _connected_sessions(session_ids) -> int:
     return sum(1 for sid in session_ids if sio.manager.is_connected(sid, "/"))
 
 
-def embedded_models_state() -> dict[str, dict[str, int]]:
-    """Per in-process model (by file, context and threads): generating now (0 or 1), waiting,
-    tokens generated since the app started and tokens in its context now. Read by tests to see
-    that Stop really ends the embedded generation."""
-    state = {}
-    for model in shared_models():
-        snapshot = model.snapshot()
-        state[f"{model.path.name} (context {model.n_ctx}, threads {model.n_threads})"] = {
-            "generating": snapshot.running_requests,
-            "waiting": snapshot.waiting_requests,
-            "generated_tokens_total": int(snapshot.generation_tokens_total),
-            "context_used_tokens": snapshot.context_used_tokens,
-        }
+def embedded_models_state() -> dict[str, dict[str, object]]:
+    """Every in-process engine's own counts, by model, from each kind that runs in this process.
+    Read by tests to see that Stop really ends the embedded generation."""
+    state: dict[str, dict[str, object]] = {}
+    for kind in KINDS:
+        if kind.process_state is not None:
+            state.update({name: dict(counts) for name, counts in kind.process_state().items()})
     return state
 
 

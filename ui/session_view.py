@@ -374,7 +374,8 @@ class ChatReplyView:
     async def stream(self, plan) -> tuple[StreamOutcome, str]:
         backend = plan.backend
         message = cl.Message(content="", author=_author(backend.label, backend.name))
-        metrics = MetricsElement(name="Metrics", props=initial_props(plan, self.lang), display="inline")
+        props = initial_props(backend=plan.label, model=plan.model, request=plan.request, lang=self.lang)
+        metrics = MetricsElement(name="Metrics", props=props, display="inline")
         message.elements = [metrics]
         await message.send()
         outcome = await LiveReply(plan.open_stream(), message, metrics, lang=self.lang, request=plan.request,

@@ -90,8 +90,8 @@ def gpu_memory_mib(pids: set[int]) -> tuple[float | None, str]:
 
 
 def measure_memory(backend: Backend) -> MemoryReading:
-    """The engine's memory now: the embedded model's process, or the local server behind `backend.url`."""
-    if backend.kind == "llamacpp":
+    """The engine's memory now: this process for an in-process engine, or the local server behind `backend.url`."""
+    if backend.in_process:
         processes = process_tree(os.getpid())
         note = "this process (the model is loaded in it)"
     else:
