@@ -64,6 +64,11 @@ class LevelResult:
     outcomes: tuple[RequestOutcome, ...]
     duration_s: float
     interrupted: bool = False
+    not_sent: int = 0  # requests left unsent when the level's time (`send_for_s`) ran out
+
+    @property
+    def cut_short(self) -> bool:
+        return self.not_sent > 0
 
 
 async def _input_tokens(backend: Backend, prompt: BenchPrompt, cache: dict[str, int | None]) -> int | None:
@@ -87,22 +92,44 @@ async def run_level(
     on_done: Callable[[RequestOutcome], None] | None = None,
     live: LiveCounters | None = None,
     token_cache: dict[str, int | None] | None = None,
+    arrival_times_s: Sequence[float] | None = None,
+    send_for_s: float | None = None,
 ) -> LevelResult:
     """Send `requests` requests (prompts in order, repeating) with at most `concurrency` in flight.
 
+    `arrival_times_s`: when each request arrives, in seconds from the level's start
+    (`core.load.arrivals`; a rate level); it then waits for a place among the
+    `concurrency` in flight, and its clock starts when it is sent, as in `vllm bench
+    serve`. Without it every request arrives at once (a concurrency level).
+    `send_for_s`: requests that have not arrived by then are not sent (the level is
+    `cut_short`); those in flight finish under the backend's own limits.
     Cancelling it (Ctrl-C, Stop) closes every open stream and returns what was
     measured so far, marked `interrupted`.
     """
     if concurrency < 1 or requests < 1 or not prompts:
         raise ValueError("a level needs concurrency >= 1, requests >= 1 and at least one prompt")
+    if arrival_times_s is not None and len(arrival_times_s) < requests:
+        raise ValueError("a rate level needs an arrival time for every request")
     gate = asyncio.Semaphore(concurrency)
     live = live or LiveCounters()
     cache = token_cache if token_cache is not None else {}
     outcomes: list[RequestOutcome] = []
 
+    not_sent = 0
+
     async def one(index: int) -> None:
+        nonlocal not_sent
         prompt = prompts[index % len(prompts)]
+        arrives_at = arrival_times_s[index] if arrival_times_s is not None else 0.0
+        if send_for_s is not None and arrives_at > send_for_s:
+            not_sent += 1
+            return
+        if arrives_at > 0:
+            await asyncio.sleep(max(0.0, started + arrives_at - time.perf_counter()))
         async with gate:
+            if send_for_s is not None and time.perf_counter() - started > send_for_s:
+                not_sent += 1  # waited for a place past the level's time
+                return
             live.started += 1
             live.in_flight += 1
             try:
@@ -123,7 +150,8 @@ async def run_level(
         interrupted = True
     duration_s = time.perf_counter() - started
     ordered = tuple(sorted(outcomes, key=lambda outcome: outcome.index))
-    return LevelResult(backend.name, backend.label, model, concurrency, ordered, duration_s, interrupted)
+    return LevelResult(backend.name, backend.label, model, concurrency, ordered, duration_s, interrupted,
+                       not_sent=not_sent)
 
 
 async def _one_request(backend: Backend, prompt: BenchPrompt, index: int, params: GenerationParams,
