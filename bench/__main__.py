@@ -1,4 +1,4 @@
-"""`python -m bench`: the article's table on this hardware.
+"""`python -m bench`: the article's table on this hardware (`python -m bench sweep`: capacity, see bench/sweep.py).
 
     python -m bench [--backends vllm,tgi,llama_cpp] [--concurrency 1,8] [--requests 16]
                     [--max-new-tokens 128] [--prompts en|zh|FILE.jsonl] [--warmup 1] [--output DIR]
@@ -122,6 +122,10 @@ async def _main(args: argparse.Namespace, names: list[str], registry: Registry, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sweep"]:  # python -m bench sweep ...: the capacity sweep (bench/sweep.py)
+        from bench.sweep import main as sweep_main
+        return sweep_main(argv[1:])
     args = parse_args(argv)
     load_env()
     try:

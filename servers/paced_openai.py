@@ -16,7 +16,9 @@ classroom demo needs to know exactly what was sent and when:
   (`time.time()`) at which its last token was handed to the transport and
   whether the client closed the stream early; `GET /test/last` is the latest of those; `POST /test/pace`
   with `{"rate_tokens_per_s": ..., "tokens": ..., "first_token_s": ...}`
-  changes the pace for later requests. Faults for later requests, in the same body:
+  changes the pace for later requests (`"slots": K` lets at most K replies generate at
+  once, the rest wait before their first token, as in an engine whose batch is full;
+  `/metrics` reports running and waiting under vLLM's gauge names). Faults for later requests, in the same body:
   `"stall_after_tokens": N, "stall_s": S` pauses S seconds after the N-th token
   (null: no stall); `"require_key": K` answers chat requests whose bearer key is
   not K with OpenAI's own 401, which quotes the key it was given (null: no key). Two more keys of that body hold only
@@ -70,6 +72,7 @@ class Pace:
     require_key: str | None = None
     text: str | None = None  # the whole reply, instead of w1..w(n-1) and the marker
     error: dict | None = None  # {"status", "body", "content_type"}: every request fails so
+    slots: int | None = None  # at most this many replies generate at once; the rest wait (None: no limit)
 
 
 @dataclass
@@ -97,6 +100,24 @@ class PacedServerState:
     pace: Pace
     requests: list[RequestLog] = field(default_factory=list)
     numbers: itertools.count = field(default_factory=lambda: itertools.count(1))
+    running: int = 0  # replies generating now
+    waiting: int = 0  # replies waiting for a slot (`Pace.slots`)
+    slot_freed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def take_slot(self, slots: int | None) -> None:
+        """Wait for a place among `slots` generating replies (first come, first served by wake-up order)."""
+        self.waiting += 1
+        try:
+            while slots is not None and self.running >= slots:
+                self.slot_freed.clear()
+                await self.slot_freed.wait()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+
+    def free_slot(self) -> None:
+        self.running -= 1
+        self.slot_freed.set()
 
 
 def reply_tokens(count: int, marker: str) -> list[str]:
@@ -219,8 +240,11 @@ def create_app(pace: Pace) -> Starlette:
 
         async def events() -> AsyncIterator[bytes]:
             loop = asyncio.get_running_loop()
+            holding = False
             try:
                 yield _sse(chunk({"role": "assistant", "content": ""}, 0))
+                await state.take_slot(current.slots)
+                holding = True
                 start = loop.time() + current.first_token_s
                 interval_s = 1.0 / current.rate_tokens_per_s
                 for index, token in enumerate(tokens):
@@ -246,12 +270,21 @@ def create_app(pace: Pace) -> Starlette:
                 yield _sse("[DONE]")
                 log.completed = True
             finally:
+                if holding:
+                    state.free_slot()
                 # Starlette cancels this generator when the client disconnects (the user's Stop).
                 if not log.completed:
                     log.closed_by_client = True
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+
+    async def metrics(_: Request) -> Response:
+        # The two gauges of vLLM's /metrics a load test watches, under vLLM's names.
+        label = f'{{model_name="{MODEL_ID}"}}'
+        return Response(f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{label} {state.running}\n"
+                        f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{label} {state.waiting}\n",
+                        media_type="text/plain; version=0.0.4")
 
     async def test_requests(_: Request) -> Response:
         return JSONResponse([asdict(r) for r in state.requests])
@@ -269,18 +302,21 @@ def create_app(pace: Pace) -> Starlette:
         stall_after = body.get("stall_after_tokens", state.pace.stall_after_tokens)
         stall_s = float(body.get("stall_s", state.pace.stall_s))
         require_key = body.get("require_key", state.pace.require_key)
+        slots = body.get("slots", state.pace.slots)
         text, error = body.get("text"), body.get("error")
         if rate <= 0 or tokens < 1 or first_token_s < 0 or stall_s < 0 or not isinstance(text, (str, type(None))) \
-                or not isinstance(error, (dict, type(None))):
+                or not isinstance(error, (dict, type(None))) or not (slots is None or int(slots) >= 1):
             return JSONResponse({"error": "rate_tokens_per_s > 0, tokens >= 1, first_token_s >= 0, stall_s >= 0, "
                                           "text a string, error an object"}, status_code=422)
         state.pace = Pace(rate, tokens, first_token_s, None if stall_after is None else int(stall_after), stall_s,
-                          None if require_key is None else str(require_key), text, error)
+                          None if require_key is None else str(require_key), text, error,
+                          None if slots is None else int(slots))
         return JSONResponse(asdict(state.pace))
 
     app = Starlette(routes=[
         Route("/v1/models", models),
         Route("/health", health),
+        Route("/metrics", metrics),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/test/requests", test_requests),
         Route("/test/last", test_last),
