@@ -161,6 +161,12 @@ async def on_simulate(action: cl.Action) -> dict:
     return await engines_view.simulate(action.payload)
 
 
+@cl.action_callback("capacity_sweep")
+@guarded
+async def on_capacity_sweep(action: cl.Action) -> dict:
+    return await engines_view.capacity_sweep(action.payload)
+
+
 @cl.action_callback("close_panel")
 @guarded
 async def on_close_panel(action: cl.Action) -> None:

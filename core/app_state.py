@@ -16,10 +16,11 @@ from backends.errors import BackendError, BackendTimeout, BackendUnavailable, Co
 from backends.registry import BackendStatus, Registry
 from config import ChatDefaults, ConfigurationError, backend_names, load_env
 from core.auth import AuthConfig, auth_from_env
+from core.capacity import TeacherSweep
 from core.engines import Simulation
 from core.notices import Notice
 from core.settings import load_presets
-from store import SavedLater, Store, StoredReply, StoreError
+from store import SavedLater, Store, StoredReply, StoredSweep, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class AppState:
     # cannot multiply the load. The running one's task is kept here until it ends (asyncio itself
     # keeps only a weak reference to a task), with the notice that refuses another meanwhile.
     simulation: Simulation | None = None
+    capacity_sweep: "TeacherSweep | None" = None
     load_task: asyncio.Task | None = None
     load_notice: Notice | None = None
     load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -106,6 +108,32 @@ class AppState:
             log.error("could not store reply %s: %s", reply.id, error)
             return Notice("not_saved", {"problem": str(error)})
         return None
+
+    async def save_sweep(self, sweep: StoredSweep) -> Notice | None:
+        """Store a capacity sweep; None when it is in the database, else what the person should be told."""
+        store = await self.storage()
+        if store is None:
+            return Notice("not_saved", {"problem": self.storage_problem or "no database"})
+        try:
+            await store.save_sweep(sweep)
+        except SavedLater as later:
+            log.warning("capacity sweep %s waits in the outbox: %s", sweep.id, later.problem)
+            return Notice("saved_later", {"waiting": later.waiting})
+        except StoreError as error:
+            log.error("could not store capacity sweep %s: %s", sweep.id, error)
+            return Notice("not_saved", {"problem": str(error)})
+        return None
+
+    async def earlier_sweeps(self, limit: int = 10) -> list[StoredSweep]:
+        """The newest capacity sweeps stored (none when the database is unavailable)."""
+        store = await self.storage()
+        if store is None:
+            return []
+        try:
+            return await store.sweeps(limit=limit)
+        except StoreError as error:
+            log.warning("could not read the capacity sweeps: %s", error)
+            return []
 
     async def statuses(self, fresh: bool = False) -> dict[str, BackendStatus]:
         """Every configured backend's status, probed concurrently, in configuration order

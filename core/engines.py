@@ -161,8 +161,10 @@ class Simulation:
 def panel_props(readings: Sequence[EngineReading], previous: dict[str, EngineSnapshot], lang: str, *,
                 simulation: Simulation | None = None, points: Sequence[SimulationPoint] = (),
                 can_simulate: bool = True, message: str | None = None,
-                stand_ins: Mapping[str, str | None] = {}) -> dict:
-    """Props for the engine panel: one card per backend, the running simulation, the N-users chart.
+                stand_ins: Mapping[str, str | None] = {}, sweep: dict | None = None,
+                sweeps: Sequence[dict] = ()) -> dict:
+    """Props for the engine panel: one card per backend, the running simulation, the N-users chart, the
+    capacity sweep running or last run (`core.capacity.TeacherSweep.props`) and earlier ones (`listed`).
 
     `stand_ins`: backend name -> its BackendInfo.stand_in, so a stand-in's card says so.
     """
@@ -195,4 +197,5 @@ def panel_props(readings: Sequence[EngineReading], previous: dict[str, EngineSna
                     "meanTtftMs": None if p.mean_ttft_ms is None else round(p.mean_ttft_ms, 1),
                     "completed": p.completed, "failed": p.failed} for p in points],
         "users": list(SIMULATION_USERS), "canSimulate": can_simulate, "message": message,
+        "sweep": sweep, "sweeps": list(sweeps),
     }

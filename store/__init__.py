@@ -19,14 +19,14 @@ from store.errors import (
     VoteLimitReached,
     VoteRejected,
 )
-from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, Vote, VoteRecord,
-                           check_vote, names_in_comment)
+from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, StoredSweep, Vote,
+                           VoteRecord, check_vote, names_in_comment)
 from store.schema import SCHEMA_VERSION
 from store.urls import database_url, mask_password, normalise_url
 
 __all__ = [
     "SCHEMA_VERSION", "ColumnReply", "CompareRound", "ConfigurationError", "DatabaseUnavailable", "NotSaved",
-    "ReplySpeed", "RoundColumn", "RoundNotFound", "SavedLater", "SchemaTooNew", "Store", "StoreError", "StoredReply",
+    "ReplySpeed", "RoundColumn", "RoundNotFound", "SavedLater", "SchemaTooNew", "Store", "StoreError", "StoredReply", "StoredSweep",
     "Vote", "VoteLimitReached", "VoteRecord", "VoteRejected", "check_vote", "database_url", "mask_password",
     "names_in_comment", "normalise_url",
 ]

@@ -32,7 +32,7 @@ from store import schema
 from store.errors import (DatabaseUnavailable, RoundNotFound, SavedLater, SchemaTooNew, StoreError,
                           VoteLimitReached, VoteRejected)
 from store.outbox import Outbox, Unavailable, outbox_for
-from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, Vote, VoteRecord,
+from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, StoredSweep, Vote, VoteRecord,
                            check_vote, utc_now)
 from store.urls import database_url, mask_password, normalise_url
 
@@ -328,6 +328,22 @@ class Store:
                  .order_by(table.c.created_at.desc(), table.c.id).limit(limit))
         async with self._transaction() as connection:
             return [ReplySpeed(**row._mapping) for row in await connection.execute(query)]
+
+    # --- capacity sweeps --------------------------------------------------
+
+    async def save_sweep(self, sweep: StoredSweep) -> None:
+        """Store a finished (or stopped) capacity sweep. Raises `SavedLater` when the database is
+        unavailable: the row waits in the outbox."""
+        await self._write([insert_row("capacity_sweeps", asdict(sweep))])
+
+    async def sweeps(self, limit: int = 20, backend: str | None = None) -> list[StoredSweep]:
+        """The newest capacity sweeps first, optionally of one backend."""
+        table = schema.capacity_sweeps
+        query = select(table).order_by(table.c.created_at.desc(), table.c.id).limit(limit)
+        if backend is not None:
+            query = query.where(table.c.backend == backend)
+        async with self._transaction() as connection:
+            return [StoredSweep(**row._mapping) for row in await connection.execute(query)]
 
     # --- rounds ----------------------------------------------------------
 

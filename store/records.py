@@ -238,3 +238,29 @@ def names_in_comment(comment: str, identities: Iterable[str]) -> tuple[str, ...]
         if key and key not in named and re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", lowered):
             named[key] = identity
     return tuple(named.values())
+
+
+@dataclass(frozen=True)
+class StoredSweep:
+    """A capacity sweep run from the engine panel: on what, by whom, its answer, and its figures."""
+
+    id: str
+    created_at: datetime
+    user_identifier: str | None
+    backend: str
+    backend_label: str
+    model: str
+    mode: str  # concurrency | rate
+    hardware: str
+    settings: dict[str, Any]
+    answer_en: str
+    answer_zh: str
+    summary: dict[str, Any]
+    interrupted: bool = False
+
+    def __post_init__(self) -> None:
+        _require_choice("StoredSweep", "mode", self.mode, ("concurrency", "rate"))
+        _require_aware("StoredSweep", self.created_at)
+
+    def answer(self, lang: str) -> str:
+        return self.answer_zh if lang == "zh" else self.answer_en

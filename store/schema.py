@@ -9,7 +9,8 @@ and a JSON list on SQLite (ui/chat_history.py bridges what Chainlit sends).
 The app's tables: `replies` (one per streamed answer, with its figures),
 `compare_rounds` + `round_columns` (a compare or blind round and which backend
 each column ran), `votes` (one per person per round, enforced by two unique
-indexes) and `schema_version` (what `Store.migrate()` has applied).
+indexes), `capacity_sweeps` (a teacher's sweep from the engine panel) and
+`schema_version` (what `Store.migrate()` has applied).
 
 Changing the schema: bump `SCHEMA_VERSION`. A new table or a new column needs
 nothing else (migrate() creates missing tables and adds missing columns; a new
@@ -41,8 +42,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.types import TypeDecorator
 
 # 2: compare_rounds.revealed_view. 3: compare_rounds.reveal, votes.unrated_reason, one vote per
-# person per round (the unique constraint on round_id becomes two unique indexes).
-SCHEMA_VERSION = 3
+# person per round (the unique constraint on round_id becomes two unique indexes). 4: capacity_sweeps.
+SCHEMA_VERSION = 4
 
 JsonDocument = JSON().with_variant(JSONB(), "postgresql")
 TextList = JSON().with_variant(ARRAY(Text()), "postgresql")
@@ -229,6 +230,25 @@ ONE_VOTE_PER_VOTER = Index("uq_votes_round_id_user_identifier", votes.c.round_id
 ONE_ANONYMOUS_VOTE = Index("uq_votes_round_id_anonymous", votes.c.round_id, unique=True,
                            sqlite_where=votes.c.user_identifier.is_(None),
                            postgresql_where=votes.c.user_identifier.is_(None))
+
+# A teacher's capacity sweep from the engine panel: its conditions, its plain answer in both languages,
+# and every level's figures (the same summary `python -m bench sweep` writes), listed for later.
+capacity_sweeps = Table(
+    "capacity_sweeps", metadata,
+    Column("id", Text, primary_key=True),
+    Column("created_at", UtcDateTime, nullable=False, index=True),
+    Column("user_identifier", Text),
+    Column("backend", Text, nullable=False),
+    Column("backend_label", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("mode", Text, nullable=False),  # concurrency | rate
+    Column("hardware", Text, nullable=False),
+    Column("settings", JsonDocument, nullable=False),  # levels, requests, SLO, ...
+    Column("answer_en", Text, nullable=False),
+    Column("answer_zh", Text, nullable=False),
+    Column("summary", JsonDocument, nullable=False),  # core.load.sweep_report.summary_json
+    Column("interrupted", Boolean, nullable=False),
+)
 
 schema_version = Table(
     "schema_version", metadata,

@@ -704,3 +704,29 @@ def test_init_and_info_commands(db_url):
     bad = subprocess.run([*run, "info"], env={**env, "DATABASE_URL": "mysql://u:hunter2@h/db"}, cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "does not support" in bad.stderr and "hunter2" not in bad.stderr
+
+
+# --- capacity sweeps -----------------------------------------------------------
+
+
+async def test_a_capacity_sweep_is_stored_with_its_answer_and_listed_newest_first(store):
+    from store import StoredSweep
+
+    def sweep(backend: str, minutes: int) -> StoredSweep:
+        return StoredSweep(
+            id=new_id(), created_at=T0 + timedelta(minutes=minutes), user_identifier="teacher", backend=backend,
+            backend_label=backend.upper(), model="SmolLM2-135M-Instruct", mode="concurrency",
+            hardware="2 cores; no GPU", settings={"levels": [1, 2, 4], "slo": {"ttft_ms": 500, "tpot_ms": 50}},
+            answer_en="vLLM: up to 4 people at once keep …", answer_zh="vLLM：最多 4 人同时使用时…",
+            summary={"engines": [{"levels": [{"level": 1.0, "slo_share": 1.0}]}]}, interrupted=minutes == 2)
+
+    first, second, other = sweep("vllm", 1), sweep("vllm", 2), sweep("tgi", 3)
+    for row in (first, second, other):
+        await store.save_sweep(row)
+    listed = await store.sweeps()
+    assert [s.id for s in listed] == [other.id, second.id, first.id]
+    assert listed[1] == second and listed[1].answer("zh").startswith("vLLM：最多 4 人")
+    assert [s.id for s in await store.sweeps(backend="vllm", limit=1)] == [second.id]
+    assert (await store.row_counts())["capacity_sweeps"] == 3
+    with pytest.raises(ValueError, match="mode"):
+        replace(first, mode="users")

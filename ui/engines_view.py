@@ -4,8 +4,10 @@ The panel shows the session's backend(s) - the chosen one, or the compared ones
 - refreshed about once a second while it is open (at most 10 minutes), from each
 engine's own metrics (`core.engines`). A simulation sends N concurrent users'
 requests through the one load engine, in the background, so the person's own
-chat keeps working. /bench runs a short `python -m bench` on the same backends
-and shows its table and chart. Both are load: one load run (a simulation or a
+chat keeps working. A capacity sweep (`core.capacity`) grows the load on the
+session's backend until it saturates, draws it live in the panel, ends with the
+plain answer and stores it (listed in the panel later). /bench runs a short
+`python -m bench` on the same backends and shows its table and chart. All are load: one load run (a simulation or a
 /bench) at a time per app, with login on only teachers may start one (so a
 classroom cannot multiply the load by 30), and none in blind mode (an engine's
 load would show which column is which). A stand-in backend is labelled as one
@@ -23,7 +25,10 @@ import plotly.graph_objects as go
 
 from backends.base import display_label
 from backends.engine_metrics import EngineSnapshot
-from core.load.article import RunSettings, article_table, run_benchmark
+from config import ConfigurationError
+from core.capacity import APP_PROMPTS, TeacherSweep, app_sweep_settings, listed
+from core.load.article import RunSettings, article_table, hardware_summary, run_benchmark
+from core.load.sweep_report import levels_table, slo_phrase
 from core.load.prompt_sets import load_prompt_set
 from core.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props, take_snapshot
 from core.app_state import AppState, load_refusal
@@ -47,6 +52,7 @@ class Panel:
     previous: dict[str, EngineSnapshot] = field(default_factory=dict)
     points: list[SimulationPoint] = field(default_factory=list)
     message: str | None = None
+    sweeps: list[dict] = field(default_factory=list)  # earlier capacity sweeps (core.capacity.listed)
 
 
 def _panel() -> Panel | None:
@@ -72,6 +78,7 @@ async def open_panel() -> None:
     if old is not None and old.task is not None:
         old.task.cancel()
     panel = Panel(MetricsElement(name="Metrics", props={}, display="inline"), chosen_backends())
+    panel.sweeps = listed(await app_state().earlier_sweeps(), lang_code)
     lab().engine_panel = panel
     await _refresh(panel)
     await say(text("panel_title", lang_code), author="Engines", elements=[panel.element])
@@ -108,7 +115,9 @@ async def _refresh(panel: Panel) -> None:
         simulation.sample()
     panel.element.props = panel_props(readings, panel.previous, lang(), simulation=simulation, points=panel.points,
                                       can_simulate=_may_load(current_user()), message=panel.message,
-                                      stand_ins=stand_ins)
+                                      stand_ins=stand_ins,
+                                      sweep=state.capacity_sweep.props(lang()) if state.capacity_sweep else None,
+                                      sweeps=panel.sweeps)
     panel.previous = {reading.name: reading.snapshot for reading in readings if reading.snapshot is not None}
     if lab().disclosure.panel_allowed(session_settings().mode):  # it may have changed while reading
         await panel.element.update()
@@ -188,6 +197,55 @@ async def _run_simulations(backends, users: int, stand_ins: dict[str, str | None
                  for p in results]
         await say(text("simulate_done", lang(), users=users) + "\n\n| backend | users | tokens/s (all) | "
                   "mean TTFT ms | replies | failed |\n|---|---|---|---|---|---|\n" + "\n".join(lines))
+    finally:
+        state.end_load(asyncio.current_task())
+
+
+async def capacity_sweep(_payload: object = None) -> dict:
+    """Start a capacity sweep on this chat's backend (the first compared one), in the background, with
+    a live chart in the engine panel; the plain answer ends it and is stored. Returns {"ok", "message"}."""
+    state, lang_code = app_state(), lang()
+    name = chosen_backends()[0]
+    backend = state.registry.get(name)
+    try:
+        settings = app_sweep_settings()
+    except ConfigurationError as error:
+        return await _refuse(str(error))
+    async with state.load_lock:
+        if (refusal := load_refusal(state, session_settings().mode, current_user())) is not None:
+            return await _refuse(refusal.render(lang_code))
+        stand_ins = await _stand_ins([name], probe={name})
+        label = display_label(backend.label, stand_ins[name])
+        sweep = TeacherSweep(name, label, settings, user=current_user())
+        state.capacity_sweep = sweep
+        if _panel() is None:
+            await open_panel()
+        state.start_load(asyncio.create_task(_run_capacity_sweep(sweep)), Notice("sweep_busy", {"backend": label}))
+    message = text("sweep_started", lang_code, backend=label, slo=slo_phrase(settings.slo, lang_code),
+                   percentile=settings.slo.percentile)
+    await say(message)
+    return {"ok": True, "message": message}
+
+
+async def _run_capacity_sweep(sweep: TeacherSweep) -> None:
+    state, lang_code = app_state(), lang()
+    try:
+        try:
+            run = await sweep.execute(state.registry, load_prompt_set(APP_PROMPTS), hardware_summary())
+        except asyncio.CancelledError:
+            await say(text("sweep_stopped", lang_code))
+            raise
+        row = sweep.stored()
+        if row is None:
+            await say(text("sweep_failed", lang_code, problem=sweep.problem or "–"))
+            return
+        notice = await state.save_sweep(row)
+        panel = _panel()
+        if panel is not None:
+            panel.sweeps = listed(await state.earlier_sweeps(), lang_code)
+        table = levels_table(run)
+        await say(text("sweep_done", lang_code, answer=sweep.answer(lang_code)) + "\n\n" + table
+                  + (f"\n\n{notice.render(lang_code)}" if notice else ""), author="Engines")
     finally:
         state.end_load(asyncio.current_task())
 

@@ -413,11 +413,19 @@ const PANEL = {
   en: { simulate: (n) => `Simulate ${n} user${n > 1 ? "s" : ""}`, close: "Close", none: "no metrics",
         running: (s) => `Simulating ${s.users} user(s) on ${s.backend}: ${s.finished}/${s.total} done, ${s.inFlight} in flight`,
         rate: "tokens/s now (all)", ttft: "median TTFT", chartRate: "output tokens/s (all users)", chartTtft: "mean TTFT (ms)",
-        users: "simulated users", teacher: "Only a teacher may start a simulation." },
+        users: "simulated users", teacher: "Only a teacher may start a simulation.",
+        sweep: "Capacity sweep", sweepTitle: (b) => `Capacity sweep on ${b}`, people: "people at once",
+        sweepRunning: (r) => `measuring ${r.level} at once: ${r.finished}/${r.total} done, ${r.inFlight} in flight`,
+        ttftChart: "TTFT p50 / p90 (ms)", perUserChart: "tokens/s per person (median)", sloMet: "SLO met",
+        earlier: "Earlier sweeps", stopped: "stopped" },
   zh: { simulate: (n) => `模拟 ${n} 个用户`, close: "关闭", none: "无指标",
         running: (s) => `正在 ${s.backend} 上模拟 ${s.users} 个用户：已完成 ${s.finished}/${s.total}，进行中 ${s.inFlight}`,
         rate: "当前 tokens/秒（总计）", ttft: "TTFT 中位数", chartRate: "输出 tokens/秒（所有用户）", chartTtft: "平均 TTFT（毫秒）",
-        users: "模拟用户数", teacher: "只有教师可以开始模拟。" },
+        users: "模拟用户数", teacher: "只有教师可以开始模拟。",
+        sweep: "容量扫描", sweepTitle: (b) => `${b} 的容量扫描`, people: "同时使用人数",
+        sweepRunning: (r) => `正在测 ${r.level} 人同时使用：已完成 ${r.finished}/${r.total}，进行中 ${r.inFlight}`,
+        ttftChart: "TTFT p50 / p90（毫秒）", perUserChart: "每人 tokens/秒（中位数）", sloMet: "达到 SLO",
+        earlier: "以往的扫描", stopped: "已停止" },
 };
 const LINE_COLORS = ["#3b82f6", "#16a34a", "#ea580c", "#9333ea", "#dc2626"];
 
@@ -451,10 +459,47 @@ function UsersChart({ points, users, field, title, testid }) {
   );
 }
 
+// The capacity sweep: TTFT percentiles and tokens/s per person against N, drawn as each level ends.
+function SweepView({ sweep, t }) {
+  const ttftPoints = sweep.points.flatMap((p) => [
+    { backend: "p50", users: p.users, value: p.ttftP50 }, { backend: "p90", users: p.users, value: p.ttftP90 }]);
+  const perUser = sweep.points.map((p) => ({ backend: sweep.backend, users: p.users, value: p.tokensPerUser }));
+  return (
+    <div data-testid="sweep" data-done={String(!!sweep.done)} style={{ marginTop: "6px" }}>
+      <div style={{ fontWeight: 600 }}>📈 {t.sweepTitle(sweep.backend)} · SLO: {sweep.slo} ({sweep.percentile}%)</div>
+      {sweep.running ? <div data-testid="sweep-running">{t.sweepRunning(sweep.running)}</div> : null}
+      {sweep.points.length ? (
+        <div style={{ display: "flex", flexWrap: "wrap", gap: "12px" }}>
+          <UsersChart points={ttftPoints} users={sweep.levels} field="value" title={`${t.ttftChart} × ${t.people}`} testid="sweep-chart-ttft" />
+          <UsersChart points={perUser} users={sweep.levels} field="value" title={`${t.perUserChart} × ${t.people}`} testid="sweep-chart-per-user" />
+        </div>
+      ) : null}
+      <table style={{ borderCollapse: "collapse" }} data-testid="sweep-levels">
+        <tbody>
+          {sweep.points.map((p) => (
+            <tr key={p.users} data-testid="sweep-level">
+              <td style={{ paddingRight: "10px" }}>{p.users}</td>
+              <td className="font-mono" style={{ paddingRight: "10px" }}>{t.sloMet}: {p.sloShare === null ? "–" : `${Math.round(p.sloShare * 100)}%`}</td>
+              <td className="font-mono" style={{ paddingRight: "10px" }}>{p.tokensPerS} tok/s</td>
+              <td className="text-muted-foreground">{p.saturation || ""}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      {sweep.answer ? <div data-testid="sweep-answer" style={{ marginTop: "4px" }}>{sweep.answer}</div> : null}
+      {sweep.problem ? <div data-testid="sweep-problem">⚠️ {sweep.problem}</div> : null}
+    </div>
+  );
+}
+
 function EnginePanel() {
   const p = props;
   const t = PANEL[p.lang] || PANEL.en;
   const [answer, setAnswer] = useState(null);
+  const startSweep = async () => {
+    const reply = await callAction({ name: "capacity_sweep", payload: {} });
+    setAnswer((reply && reply.response && reply.response.message) || null);
+  };
   const simulate = async (users) => {
     const reply = await callAction({ name: "simulate", payload: { users } });
     setAnswer((reply && reply.response && reply.response.message) || null);
@@ -496,11 +541,25 @@ function EnginePanel() {
           <UsersChart points={p.points} users={p.users} field="meanTtftMs" title={`${t.chartTtft} × ${t.users}`} testid="users-chart-ttft" />
         </div>
       ) : null}
+      {p.sweep ? <SweepView sweep={p.sweep} t={t} /> : null}
+      {(p.sweeps || []).length ? (
+        <details data-testid="sweeps" style={{ marginTop: "6px" }}>
+          <summary>{t.earlier} ({p.sweeps.length})</summary>
+          <ul>
+            {p.sweeps.map((s) => (
+              <li key={s.id} data-testid="sweep-listed">{s.at} · {s.backend}{s.interrupted ? ` (${t.stopped})` : ""}: {s.answer}</li>
+            ))}
+          </ul>
+        </details>
+      ) : null}
       {!p.closed ? (
         <div style={{ display: "flex", flexWrap: "wrap", gap: "6px", marginTop: "6px", alignItems: "center" }}>
           {p.canSimulate ? (p.users || []).map((n) => (
             <button key={n} type="button" style={button} data-testid={`simulate-${n}`} onClick={() => simulate(n)}>{t.simulate(n)}</button>
           )) : <span className="text-muted-foreground">{t.teacher}</span>}
+          {p.canSimulate ? (
+            <button type="button" style={button} data-testid="capacity-sweep" onClick={startSweep}>{t.sweep}</button>
+          ) : null}
           <button type="button" style={button} data-testid="close-panel"
                   onClick={() => callAction({ name: "close_panel", payload: {} })}>{t.close}</button>
         </div>
