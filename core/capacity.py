@@ -25,7 +25,7 @@ from backends.registry import Registry
 from config import ConfigurationError
 from core.load.prompt_sets import BenchPrompt
 from core.load.runner import LiveCounters
-from core.load.slo import Slo, SloError, parse_slo
+from core.load.slo import DEFAULT_PERCENTILE, DEFAULT_SLO, Slo, SloError, parse_slo
 from core.load.sweep import LevelFigures, SweepRun, SweepSettings, capacity, run_sweep
 from core.load.sweep_report import LANGS, plain_answer, slo_phrase, summary_json
 from store import StoredSweep
@@ -36,8 +36,6 @@ APP_REQUESTS = 8
 APP_MAX_SECONDS = 60.0
 APP_MAX_NEW_TOKENS = 64
 APP_PROMPTS = "en"
-DEFAULT_SLO = "ttft_ms=500,tpot_ms=50"
-DEFAULT_PERCENTILE = 90.0
 LISTED_SWEEPS = 10
 
 

@@ -55,6 +55,8 @@ import socketio
 SOCKET_PATH = "/ws/socket.io"
 # The app's error message title (core/texts.py "error_title"), in both UI languages.
 ERROR_MARKERS = ("could not answer", "无法回答")
+# A reply's figures element in one of these states holds the app's final measurement of it.
+FINAL_STATES = ("completed", "stopped", "error")
 # Chainlit's own callback names for the run steps that wrap them.
 MESSAGE_STEP = "on_message"
 # How a recording marks the message the client sent (not a server event).
@@ -147,6 +149,9 @@ class ReplyRecord:
     queue_positions: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     outcome: str | None = None
+    # The reply's own figures element once final (the app's measurement): tokens and ms per token.
+    output_tokens: int | None = None
+    ms_per_token: float | None = None
 
     @property
     def done(self) -> bool:
@@ -181,6 +186,7 @@ class ReplyRecord:
             "prompt": self.prompt, "outcome": self.outcome, "reply_s": self.reply_s,
             "first_token_s": self.first_token_s, "text_chars": len(self.text), "error": self.error,
             "queue_positions": self.queue_positions, "notes": self.notes, "sent_at_s": self.sent_at_s,
+            "output_tokens": self.output_tokens, "ms_per_token": self.ms_per_token,
         }
 
 
@@ -303,6 +309,10 @@ class ChatTracker:
         props = element.get("props")
         if not self._reply_open() or not isinstance(props, dict):
             return
+        if props.get("state") in FINAL_STATES:
+            tokens, per_token = props.get("tokens"), props.get("msPerToken")
+            self.reply.output_tokens = tokens if isinstance(tokens, int) else None
+            self.reply.ms_per_token = float(per_token) if isinstance(per_token, (int, float)) else None
         position = props.get("queuePosition")
         if isinstance(position, int) and position > 0:
             positions = self.reply.queue_positions

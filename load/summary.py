@@ -12,7 +12,15 @@ Counts: every message sent is one record; `replied` have their whole reply,
 still in flight when the run ended (`unfinished`). Percentiles are exact
 (nearest rank) over replied messages; a missing figure prints as `na`.
 
-Run: `python -m load.summary RESULTS_DIR --users 30`. Standard library only.
+SLO: the share of messages sent whose reply met the objective as the student saw
+it: first text on screen within `ttft_ms` of sending, the app's own ms per token
+(the reply's final figures) within `tpot_ms`, the whole reply within `e2el_ms`;
+a failed or unfinished message misses it. The objective is the app's capacity
+sweeps' (`CAPACITY_SLO`, `CAPACITY_PERCENTILE` from the environment or `.env`;
+default ttft_ms=500,tpot_ms=50 for 90%), or `--slo` / `--percentile`.
+
+Run: `python -m load.summary RESULTS_DIR --users 30 [--slo ttft_ms=500,tpot_ms=50]`.
+Standard library and the app's own stdlib-only modules.
 """
 
 from __future__ import annotations
@@ -20,11 +28,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from config import REPO
+from core.load.slo import DEFAULT_PERCENTILE, DEFAULT_SLO, Slo, SloError, parse_slo, within
 from core.timing import percentile_of
 
 FAILED_OUTCOMES = ("error", "empty", "timeout", "disconnected")
@@ -76,6 +87,15 @@ class Summary:
     # The app's own counts (GET /lab/state) before the run and after it (students gone).
     state_before: dict | None = None
     state_after: dict | None = None
+    # Per message: (replied, first text s, the app's ms per token, whole reply s), for the SLO share.
+    slo_figures: list[tuple[bool, float | None, float | None, float | None]] = field(default_factory=list)
+
+    def slo_met(self, slo: Slo) -> int:
+        """Messages whose reply met the objective as the student saw it (failed ones never do)."""
+        return sum(1 for replied, first_s, per_token_ms, reply_s in self.slo_figures
+                   if replied and within(slo, ttft_ms=None if first_s is None else first_s * 1000,
+                                         tpot_ms=per_token_ms if per_token_ms is not None else None,
+                                         e2el_ms=None if reply_s is None else reply_s * 1000))
 
     @property
     def health(self) -> HealthFigures | None:
@@ -130,6 +150,11 @@ def summarize_records(records: Iterable[dict], users: int) -> Summary:
             continue
         summary.messages += 1
         outcome = record.get("outcome")
+        per_token = record.get("ms_per_token")
+        if per_token is None and record.get("output_tokens") == 1:
+            per_token = 0.0  # vLLM's rule: a one-token reply has TPOT 0
+        summary.slo_figures.append((outcome == "replied", record.get("first_token_s"), per_token,
+                                    record.get("reply_s")))
         if outcome == "replied":
             summary.replied += 1
             summary.reply_s.append(record["reply_s"])
@@ -219,7 +244,23 @@ def state_lines(before: dict | None, after: dict | None) -> list[str]:
     ]
 
 
-def report_lines(summary: Summary) -> list[str]:
+def slo_line(summary: Summary, slo: Slo) -> str:
+    """'SLO (...): 26 of 30 messages met it (87%), goal 90%: missed'."""
+    parts = [f"TTFT under {slo.ttft_ms:g} ms" if slo.ttft_ms is not None else "",
+             f"at least {slo.min_tokens_per_s:.0f} tokens/s each" if slo.tpot_ms is not None else "",
+             f"whole reply within {slo.e2el_ms / 1000:g} s" if slo.e2el_ms is not None else ""]
+    words = " and ".join(part for part in parts if part)
+    sent = summary.messages
+    if not sent:
+        return f"SLO ({words}, as the students saw it): no message sent"
+    met = summary.slo_met(slo)
+    share = met / sent
+    verdict = "met" if share * 100 >= slo.percentile else "missed"
+    return (f"SLO ({words}, as the students saw it): {met} of {sent} messages met it ({share:.0%}), "
+            f"goal {slo.percentile:g}%: {verdict}")
+
+
+def report_lines(summary: Summary, slo: Slo | None = None) -> list[str]:
     """The human summary; the last line is the machine-readable one."""
     s = summary
     lines = [f"chats opened: {s.chats_opened} (users: {s.users})"
@@ -254,16 +295,38 @@ def report_lines(summary: Summary) -> list[str]:
     else:
         lines.append("app memory: no samples")
     lines += state_lines(s.state_before, s.state_after)
+    lines.append(slo_line(s, slo or parse_slo(DEFAULT_SLO, DEFAULT_PERCENTILE)))
     lines.append(s.last_line())
     return lines
+
+
+def configured(name: str, env_file: Path = REPO / ".env") -> str | None:
+    """A variable from the environment, else from the repo's `.env` (as the app reads it), else None."""
+    if os.environ.get(name):
+        return os.environ[name]
+    if env_file.is_file():
+        for line in env_file.read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == name and value.strip():
+                return value.strip().strip("'\"")
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Summarise one classroom load run.")
     parser.add_argument("results", type=Path, help="the run's results folder")
     parser.add_argument("--users", type=int, required=True, help="simulated users asked for")
+    parser.add_argument("--slo", default=None, help="e.g. ttft_ms=500,tpot_ms=50 (default: CAPACITY_SLO, else that)")
+    parser.add_argument("--percentile", type=float, default=None,
+                        help="share of messages that must meet it, in %% (default: CAPACITY_PERCENTILE, else 90)")
     args = parser.parse_args(argv)
-    print("\n".join(report_lines(read_results(args.results, args.users))))
+    try:
+        percentile = args.percentile if args.percentile is not None else float(
+            configured("CAPACITY_PERCENTILE") or DEFAULT_PERCENTILE)
+        slo = parse_slo(args.slo or configured("CAPACITY_SLO") or DEFAULT_SLO, percentile)
+    except (SloError, ValueError) as error:
+        parser.error(f"the objective: {error}")
+    print("\n".join(report_lines(read_results(args.results, args.users), slo)))
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ def test_a_teacher_sweep_shows_each_level_as_it_ends_and_stores_its_answer():
     assert any(p["running"] and p["running"]["level"] == 2 and len(p["points"]) == 1 for p in seen)
     assert [len(p["points"]) for p in seen] == sorted(len(p["points"]) for p in seen)
     final = sweep.props("zh")
-    assert [point["users"] for point in final["points"]] == [1, 2, 4]  # stopped at saturation
-    assert final["points"][2]["saturation"].startswith("tokens/s stopped rising")
+    # Stopped at the first saturated level: 4, or 8 where 4 still gained from keeping both slots busy.
+    assert [point["users"] for point in final["points"]] in ([1, 2, 4], [1, 2, 4, 8])
+    assert final["points"][-1]["saturation"].startswith("tokens/s stopped rising")
     assert final["running"] is None and final["done"]
     assert final["answer"].startswith("Paced：最多 2 人同时使用时，90% 的回复能做到首字时间低于 200 ms")
     row = sweep.stored()

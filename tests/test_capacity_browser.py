@@ -53,16 +53,18 @@ def test_a_teacher_sweeps_capacity_live_and_finds_the_answer_stored(page: Page, 
     # Live: the chart gains a point as each level ends, before the sweep is done.
     expect(sweep.locator('[data-testid="sweep-chart-per-user"] circle')).to_have_count(1, timeout=60_000)
     assert sweep.get_attribute("data-done") == "false"
-    # The end: three levels (1, 2, 4; 4 saturated), the plain answer in the panel and in the chat.
+    # The end: the levels up to the first saturated one (4, or 8 where 4 still gained from keeping both
+    # slots busy between a person's requests), the plain answer in the panel and in the chat.
     expect(sweep).to_have_attribute("data-done", "true", timeout=120_000)
     (row,) = stored_when(app.env["DATABASE_URL"], "sweeps", until=lambda rows: len(rows) == 1)
     levels = row.summary["engines"][0]["levels"]
-    assert [level["level"] for level in levels] == [1, 2, 4], [
+    measured = [level["level"] for level in levels]
+    assert measured in ([1, 2, 4], [1, 2, 4, 8]), [
         (level["level"], level["duration"], level["output_throughput"], level["saturation"]) for level in levels]
-    expect(sweep.locator('[data-testid="sweep-level"]')).to_have_count(3)
-    expect(sweep.locator('[data-testid="sweep-chart-ttft"] circle')).to_have_count(6)  # p50 and p90 per level
+    expect(sweep.locator('[data-testid="sweep-level"]')).to_have_count(len(measured))
+    expect(sweep.locator('[data-testid="sweep-chart-ttft"] circle')).to_have_count(2 * len(measured))  # p50, p90
     answer = ("Paced: up to 2 people at once keep TTFT under 300 ms and at least 25 tokens/s each for 90% of "
-              "replies; it saturates near 2; the limit is the queue")
+              f"replies; it saturates near {measured[-2]:g}; the limit is the queue")
     expect(sweep.locator('[data-testid="sweep-answer"]')).to_contain_text(answer)
     expect(page.locator(".step", has_text="Capacity sweep done.").last).to_contain_text(answer)
     assert row.answer_en.startswith(answer) and row.backend == "paced" and row.mode == "concurrency"

@@ -18,7 +18,8 @@ import pytest
 
 from config import REPO
 from core.timing import percentile_of
-from load.summary import memory_from_samples, report_lines, state_lines, summarize_records
+from core.load.slo import Slo
+from load.summary import configured, memory_from_samples, report_lines, slo_line, state_lines, summarize_records
 
 SCRIPT = REPO / "scripts" / "classroom_load.sh"
 LAST_LINE = re.compile(
@@ -130,6 +131,9 @@ def test_a_short_real_run_against_the_paced_server(tmp_path: Path):
     assert float(last["p50"]) <= float(last["p99"]) < 10
     assert float(last["rss"]) > 50
     assert "p99" in result.stdout and "health" in result.stdout
+    # The SLO share (the default objective; the paced server's replies easily meet it when 5 share it).
+    assert re.search(r"SLO \(TTFT under 500 ms and at least 20 tokens/s each, as the students saw it\): "
+                     r"\d+ of \d+ messages met it", result.stdout), result.stdout[-2000:]
     # The app's own counts were read before and after, and no thread or task outlived the students.
     assert "app state before -> after" in result.stdout, result.stdout[-2000:]
     after = json.loads((results / "state-after.json").read_text())
@@ -144,3 +148,28 @@ def test_a_short_real_run_against_the_paced_server(tmp_path: Path):
     table = (results / "locust.log").read_text()
     reply_row = next(line for line in table.splitlines() if re.match(r"^chat +reply ", line))
     assert int(reply_row.split()[2]) == replied
+
+
+def test_the_summary_reports_the_share_of_messages_meeting_the_slo_as_the_students_saw_it(tmp_path, monkeypatch):
+    def message(outcome, first_s, per_token_ms, reply_s, tokens=40):
+        return {"kind": "message", "outcome": outcome, "first_token_s": first_s, "ms_per_token": per_token_ms,
+                "reply_s": reply_s, "output_tokens": tokens, "queue_positions": []}
+
+    records = [message("replied", 0.2, 30.0, 1.5), message("replied", 0.6, 30.0, 1.9),  # TTFT 600 ms: missed
+               message("replied", 0.3, 60.0, 2.7),  # 60 ms per token (under 20 tokens/s): missed
+               message("replied", 0.1, None, 0.2, tokens=1),  # one token: TPOT 0, as vLLM counts it
+               message("timeout", None, None, None)]  # a failed message never meets it
+    summary = summarize_records(records, users=2)
+    slo = Slo(ttft_ms=500, tpot_ms=50, percentile=90)
+    assert summary.slo_met(slo) == 2
+    assert slo_line(summary, slo) == ("SLO (TTFT under 500 ms and at least 20 tokens/s each, as the students saw it): "
+                                      "2 of 5 messages met it (40%), goal 90%: missed")
+    assert slo_line(summary, Slo(e2el_ms=3000, percentile=80)).endswith("4 of 5 messages met it (80%), goal 80%: met")
+    lines = report_lines(summary, slo)
+    assert lines[-2].startswith("SLO (") and LAST_LINE.match(lines[-1])
+    env_file = tmp_path / ".env"
+    env_file.write_text("CAPACITY_SLO=ttft_ms=300\n", encoding="utf-8")
+    monkeypatch.delenv("CAPACITY_SLO", raising=False)
+    assert configured("CAPACITY_SLO", env_file) == "ttft_ms=300"
+    monkeypatch.setenv("CAPACITY_SLO", "e2el_ms=9000")
+    assert configured("CAPACITY_SLO", env_file) == "e2el_ms=9000"

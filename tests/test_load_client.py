@@ -85,6 +85,8 @@ def test_recorded_replies_are_complete_with_ordered_times():
         assert record.first_token_at_s < record.final_update_at_s <= record.completed_at_s
         assert 0 < record.first_token_s < record.reply_s
         assert not record.queued and record.notes == []
+        # The reply's final figures, as the app measured it: 30 tokens at 50 tokens/s.
+        assert record.output_tokens == 30 and record.ms_per_token == pytest.approx(20.0, abs=0.5)
     # The first text arrives inside stream_start, not in a stream_token.
     first_stream_start = next(e for e in events if e["event"] == "stream_start")
     assert records[0].first_token_at_s == first_stream_start["at_s"]
@@ -230,6 +232,7 @@ def test_three_users_get_every_reply_whole(load_app: AppServer, paced_server: Pa
         assert markers[marker] == record.prompt  # each reply answers its own message
         assert record.sent_at_s < record.first_token_at_s <= record.final_update_at_s <= record.completed_at_s
         assert record.first_token_s < 15.0  # a safety bound: ~0.1 s here when idle, seconds under load
+        assert record.output_tokens == 40 and 5.0 < record.ms_per_token < 100.0  # the app's own final figures
 
 
 @pytest.mark.slow

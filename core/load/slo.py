@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from core.timing import RequestRecord
 
 NAMES = ("ttft_ms", "tpot_ms", "e2el_ms")
+DEFAULT_SLO = "ttft_ms=500,tpot_ms=50"  # TTFT under 500 ms and at least 20 tokens/s each
+DEFAULT_PERCENTILE = 90.0
 
 
 class SloError(ValueError):
@@ -83,14 +85,19 @@ def request_tpot_ms(record: RequestRecord) -> float | None:
     return (record.last_chunk_s - record.first_token_s) / (record.output_tokens - 1) * 1000.0
 
 
-def meets(record: RequestRecord | None, slo: Slo) -> bool:
-    """True when the reply completed and each of the objective's figures is within its bound."""
-    if record is None or record.status != "completed" or record.first_token_s is None:
-        return False
-    figures = {"ttft_ms": record.first_token_s * 1000.0, "tpot_ms": request_tpot_ms(record),
-               "e2el_ms": None if record.last_chunk_s is None else record.last_chunk_s * 1000.0}
+def within(slo: Slo, *, ttft_ms: float | None, tpot_ms: float | None, e2el_ms: float | None) -> bool:
+    """True when each figure the objective names is known and within its bound."""
+    figures = {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2el_ms": e2el_ms}
     for name in NAMES:
         bound = getattr(slo, name)
         if bound is not None and (figures[name] is None or figures[name] > bound):
             return False
     return True
+
+
+def meets(record: RequestRecord | None, slo: Slo) -> bool:
+    """True when the reply completed and each of the objective's figures is within its bound."""
+    if record is None or record.status != "completed" or record.first_token_s is None:
+        return False
+    return within(slo, ttft_ms=record.first_token_s * 1000.0, tpot_ms=request_tpot_ms(record),
+                  e2el_ms=None if record.last_chunk_s is None else record.last_chunk_s * 1000.0)
