@@ -57,6 +57,8 @@ else:
 
 # Ahead of Chainlit's catch-all route for its UI, which would otherwise answer it.
 chainlit_server.router.routes.insert(0, APIRoute("/lab/state", lab_state.state_endpoint, methods=["GET"]))
+# Every answer names the replica that gave it (X-Lab-Replica), behind a proxy in front of several.
+chainlit_server.add_middleware(lab_state.ReplicaHeader)
 
 if AUTH.enabled:
     # Passwords are checked off the event loop, behind per-name and per-address limits.

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Coroutine, Mapping
 
 from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
 from backends.registry import BackendStatus, Registry
@@ -19,14 +19,19 @@ from core.auth import AuthConfig, auth_from_env
 from core.capacity import TeacherSweep
 from core.engines import Simulation
 from core.notices import Notice
+from core.replica import process_key, replica_id
 from core.settings import load_presets
 from store import SavedLater, Store, StoredReply, StoredSweep, StoreError
+from store.locks import LOAD_RUN, PROCESS_ALIVE_SPACE, HeldLock, LockKey
 
 log = logging.getLogger(__name__)
 
 INFO_CACHE_S = 30.0
 STORAGE_RETRY_S = 30.0  # a database that could not be opened is tried again after this long
 STATUS_TIMEOUT_S = 4.0
+# How a replica names the connection that holds the deployment's load lock (see store.locks).
+LOAD_LOCK_NAME = "serving-lab load "
+PROCESS_LOCK_NAME = "serving-lab process "
 
 
 @dataclass
@@ -43,14 +48,20 @@ class AppState:
     storage_problem: str | None = None
     _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _storage_failed_at: float = 0.0
-    # One load run at a time in the whole app - a simulation of N users or a /bench - so a classroom
-    # cannot multiply the load. The running one's task is kept here until it ends (asyncio itself
-    # keeps only a weak reference to a task), with the notice that refuses another meanwhile.
+    # One load run at a time in the whole deployment - a simulation of N users, a capacity sweep or a
+    # /bench - so a classroom cannot multiply the load. The running one's task is kept here until it
+    # ends (asyncio itself keeps only a weak reference to a task), with the notice that refuses
+    # another meanwhile. On PostgreSQL the run also holds an advisory lock (`_held_load`), so no other
+    # replica on the same database starts one; it is released when the run ends or this process dies.
+    replica: str = field(default_factory=replica_id)
     simulation: Simulation | None = None
     capacity_sweep: "TeacherSweep | None" = None
     load_task: asyncio.Task | None = None
     load_notice: Notice | None = None
     load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _held_load: HeldLock | None = None
+    # Held while this process lives (PostgreSQL): its replies in flight are its own, not interrupted.
+    _alive: HeldLock | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AppState":
@@ -145,31 +156,91 @@ class AppState:
         """The last status seen of each backend probed so far (no probing)."""
         return {name: status for name, (_, status) in self._statuses.items()}
 
-    def running_load(self) -> Notice | None:
-        """The load run going on now, as the notice that refuses another one; None when there is none."""
-        if self.load_task is None or self.load_task.done():
+    async def in_flight_mark(self) -> dict:
+        """Metadata for a reply about to stream: which process answers it. Should this process die
+        mid-reply, a reopened chat shows that reply as interrupted (ui.chat_history), never as an
+        empty or finished one; the mark is replaced when the reply ends. Empty where no other
+        process could tell (SQLite: one process) or the database does not answer."""
+        store = await self.storage()
+        if store is None or not store.shared_locks:
+            return {}
+        if self._alive is None:
+            try:
+                self._alive = await store.try_lock(LockKey(PROCESS_ALIVE_SPACE, process_key()),
+                                                   PROCESS_LOCK_NAME + self.replica)
+            except StoreError as error:
+                log.warning("replies are not marked in flight (database unavailable): %s", error)
+                return {}
+        if self._alive is None:
+            return {}
+        return {"in_flight": {"replica": self.replica, "process": process_key()}}
+
+    async def running_load(self) -> Notice | None:
+        """The load run going on now, here or on another replica of this database, as the notice
+        that refuses another one; None when there is none."""
+        if self.load_task is not None and not self.load_task.done():
+            return self.load_notice
+        store = await self.storage()
+        if store is None or not store.shared_locks:
             return None
-        return self.load_notice
+        try:
+            holders = await store.lock_holders([LOAD_RUN])
+        except StoreError as error:  # the database is down: only this process's own rule holds now
+            log.warning("could not ask the database for a load run on another replica: %s", error)
+            return None
+        return _elsewhere(holders.get(LOAD_RUN))
 
-    def start_load(self, task: asyncio.Task, notice: Notice) -> None:
-        """Make `task` the app's one load run (under `load_lock`, after `running_load()` said None);
-        the task calls `end_load` when it ends."""
-        self.load_task, self.load_notice = task, notice
+    async def start_load(self, notice: Notice, run: Coroutine[Any, Any, None] | None = None) -> Notice | None:
+        """Make `run` (started as a task here) or, without it, the current task the deployment's one
+        load run, after `running_load()` said None (under `load_lock`). Returns the notice that refuses
+        it when another replica took the deployment's load lock first (`run` is then closed, never
+        started). The task calls `end_load` when it ends."""
+        store = await self.storage()
+        if store is not None and store.shared_locks:
+            try:
+                held = await store.try_lock(LOAD_RUN, LOAD_LOCK_NAME + self.replica)
+            except StoreError as error:
+                log.warning("load run started without the deployment's lock (database unavailable): %s", error)
+                held = None
+            else:
+                if held is None:
+                    if run is not None:
+                        run.close()
+                    try:
+                        holder = (await store.lock_holders([LOAD_RUN])).get(LOAD_RUN)
+                    except StoreError:
+                        holder = None
+                    return _elsewhere(holder) or Notice("load_elsewhere", {"replica": "?"})
+            self._held_load = held
+        self.load_task = asyncio.current_task() if run is None else asyncio.create_task(run)
+        self.load_notice = notice
+        return None
 
-    def end_load(self, task: asyncio.Task | None) -> None:
-        if self.load_task is task:
-            self.load_task, self.load_notice = None, None
+    async def end_load(self, task: asyncio.Task | None) -> None:
+        """The load run `task` ended: free the app (and the deployment's lock) for the next one."""
+        if self.load_task is not task:
+            return
+        held, self._held_load = self._held_load, None
+        self.load_task, self.load_notice = None, None
+        if held is not None:
+            await asyncio.shield(held.release())  # a cancelled run still frees the lock
 
 
-def load_refusal(state: AppState, mode: str, user: str | None) -> Notice | None:
-    """Why this person may not start load (a simulation or /bench) now, or None. With login on only
-    teachers may; never in blind mode (an engine's load would show which column is which); and one
-    load run at a time in the app."""
+def _elsewhere(holder: str | None) -> Notice | None:
+    if holder is None:
+        return None
+    return Notice("load_elsewhere", {"replica": holder.removeprefix(LOAD_LOCK_NAME) or "?"})
+
+
+async def load_refusal(state: AppState, mode: str, user: str | None) -> Notice | None:
+    """Why this person may not start load (a simulation, a sweep or /bench) now, or None. With login on
+    only teachers may; never in blind mode (an engine's load would show which column is which); and one
+    load run at a time in the deployment."""
     if not state.auth.is_teacher(user):
         return Notice("simulate_teachers_only")
     if mode == "blind":
         return Notice("panel_blind")
-    return state.running_load()
+    return await state.running_load()
 
 
 # A reply that failed this way may mean the server went down: probe it again and show the result.

@@ -29,6 +29,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn
 
 from store import schema
+from store.locks import HeldLock, LockKey, lock_holders, try_lock
 from store.errors import (DatabaseUnavailable, RoundNotFound, SavedLater, SchemaTooNew, StoreError,
                           VoteLimitReached, VoteRejected)
 from store.outbox import Outbox, Unavailable, outbox_for
@@ -268,6 +269,22 @@ class Store:
     def _keep(self, statements: list[dict], problem: str) -> None:
         waiting = self.outbox.put({"statements": statements}, problem)
         raise SavedLater(problem.strip("()"), waiting)
+
+    # --- locks across app processes (PostgreSQL) -------------------------
+
+    @property
+    def shared_locks(self) -> bool:
+        """Whether locks taken here hold across app processes (PostgreSQL); on SQLite they do not exist."""
+        return self._engine.dialect.name == "postgresql"
+
+    async def try_lock(self, key: LockKey, name: str) -> HeldLock | None:
+        """Take `key` for this process on a connection of its own, named `name` (see store.locks);
+        None when another process holds it."""
+        return await try_lock(self.url, key, name)
+
+    async def lock_holders(self, keys: list[LockKey]) -> dict[LockKey, str]:
+        """Who holds each of `keys` now, by the name it took it with."""
+        return await lock_holders(self._engine, keys)
 
     # --- schema ----------------------------------------------------------
 

@@ -1,155 +1,33 @@
-"""A throwaway PostgreSQL cluster for the storage tests.
+"""A throwaway PostgreSQL cluster for the storage tests (servers/postgres.py).
 
-`postgres_url` (session): Debian's PostgreSQL binaries run a fresh cluster in
-a temp dir, listening on 127.0.0.1 on a free port (its unix socket lives in
-the temp dir too), with password authentication over TCP. The server runs as
-the `postgres` system user when the tests run as root (PostgreSQL refuses
-root). At teardown it is stopped by PID (fast shutdown) and the dir removed.
-The URL points at the `postgres` database; `new_postgres_database` makes more.
+`postgres_url` (session): a fresh cluster on 127.0.0.1 on a free port, stopped by
+PID at teardown and its dir removed. The URL points at the `postgres` database;
+`new_postgres_database` makes more.
 
 Register with `pytest_plugins = ["tests.fixtures_postgres"]`.
 """
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import signal
-import subprocess
-import tempfile
-import time
-import uuid
-from pathlib import Path
-
 import pytest
 
-from servers.process import ServerProcess, free_port
-
-POSTGRES_START_TIMEOUT_S = 30.0
-POSTGRES_PASSWORD = "serving-lab-test"
-INSTALL_HINT = "apt-get install -y postgresql  (Debian 12: PostgreSQL 15; the tests start their own cluster)"
+from servers.postgres import (POSTGRES_PASSWORD, PostgresCluster, PostgresMissing,  # noqa: F401 (re-exported)
+                              new_postgres_database)
 
 
-def postgres_bin_dir() -> Path:
-    """The newest /usr/lib/postgresql/N/bin that has initdb; fail the test run with the install command otherwise."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda path: int(path.parent.parent.name))
-    if not found:
-        pytest.fail(f"PostgreSQL server binaries not found under /usr/lib/postgresql. Install them: {INSTALL_HINT}",
-                    pytrace=False)
-    return found[-1].parent
-
-
-def _as_server_user(command: list[str]) -> list[str]:
-    if os.geteuid() != 0:
-        return command
-    return ["runuser", "-u", "postgres", "--", *command]
-
-
-def _server_user_ids() -> tuple[int, int] | None:
-    if os.geteuid() != 0:
-        return None
+def new_cluster() -> PostgresCluster:
+    """A cluster made (not started); the test run fails with the install command when PostgreSQL is missing."""
     try:
-        entry = pwd.getpwnam("postgres")
-    except KeyError:
-        pytest.fail(f"Running as root, but there is no `postgres` user to run PostgreSQL as. {INSTALL_HINT}",
-                    pytrace=False)
-    return entry.pw_uid, entry.pw_gid
-
-
-def _stop(server: ServerProcess, timeout_s: float = 20.0) -> None:
-    """SIGINT (PostgreSQL's fast shutdown) to the process group we started; SIGKILL if it lingers."""
-    process = server.process
-    if process is None or process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGINT)
-        process.wait(timeout=timeout_s)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-
-class PostgresCluster:
-    """A throwaway cluster in a temp dir on a free loopback port, which can be stopped and started
-    again on the same port (what a test of a database outage needs)."""
-
-    def __init__(self) -> None:
-        self.bin_dir = postgres_bin_dir()
-        self.owner = _server_user_ids()
-        self.root = Path(tempfile.mkdtemp(prefix="serving-lab-pg-"))
-        self.port = free_port()
-        self.server: ServerProcess | None = None
-        password_file = self.root / "password"
-        password_file.write_text(POSTGRES_PASSWORD + "\n")
-        if self.owner is not None:
-            for path in (self.root, password_file):
-                os.chown(path, *self.owner)
-        subprocess.run(
-            _as_server_user([str(self.bin_dir / "initdb"), "-D", str(self.root / "data"), "-U", "postgres",
-                             "--pwfile", str(password_file), "--auth-local=trust", "--auth-host=scram-sha-256",
-                             "--encoding=UTF8", "--no-locale", "--no-sync"]),
-            cwd=self.root, check=True, capture_output=True,
-        )
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{self.port}/postgres"
-
-    def start(self) -> "PostgresCluster":
-        self.server = ServerProcess("postgres", _as_server_user([
-            str(self.bin_dir / "postgres"), "-D", str(self.root / "data"), "-h", "127.0.0.1", "-p", str(self.port),
-            "-k", str(self.root),  # the unix socket stays in the temp dir, nothing in /var/run
-            # A throwaway cluster: durability off, for speed.
-            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-        ]), cwd=self.root).start()
-        _wait_ready(self.server, self.bin_dir, self.port)
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            _stop(self.server)
-            self.server = None
-
-    def remove(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        return PostgresCluster()
+    except PostgresMissing as missing:
+        pytest.fail(str(missing), pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def postgres_url():
     """postgresql://postgres:PASSWORD@127.0.0.1:PORT/postgres on a cluster that lives for the test session."""
-    cluster = PostgresCluster()
+    cluster = new_cluster()
     try:
         yield cluster.start().url
     finally:
         cluster.remove()
-
-
-def _wait_ready(server: ServerProcess, bin_dir: Path, port: int) -> None:
-    deadline = time.monotonic() + POSTGRES_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"postgres exited with {server.process.returncode}:\n{server.log_tail()}")
-        ready = subprocess.run([str(bin_dir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)])
-        if ready.returncode == 0:
-            return
-        time.sleep(0.1)
-    _stop(server)
-    raise RuntimeError(f"postgres did not accept connections within {POSTGRES_START_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
-
-
-async def new_postgres_database(admin_url: str) -> str:
-    """Create an empty database on the cluster behind `admin_url`; return its URL."""
-    import asyncpg
-    from sqlalchemy.engine import make_url
-
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    connection = await asyncpg.connect(admin_url)
-    try:
-        await connection.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await connection.close()
-    return make_url(admin_url).set(database=name).render_as_string(hide_password=False)

@@ -65,20 +65,24 @@ async def test_a_simulations_result_names_a_stand_in_as_one():
     assert plain.backend == "vLLM"
 
 
-def test_who_may_start_load_and_when():
+async def test_who_may_start_load_and_when():
     state = fake_state(FakeBackend("a"))
     state.auth = AuthConfig(users={"teacher": "x", "student": "x"}, teachers=frozenset({"teacher"}))
-    assert load_refusal(state, "chat", "student") == Notice("simulate_teachers_only")
-    assert load_refusal(state, "blind", "teacher") == Notice("panel_blind")
-    assert load_refusal(state, "compare", "teacher") is None
+    assert await load_refusal(state, "chat", "student") == Notice("simulate_teachers_only")
+    assert await load_refusal(state, "blind", "teacher") == Notice("panel_blind")
+    assert await load_refusal(state, "compare", "teacher") is None
     busy = Notice("simulate_busy", {"users": 4, "backend": "a"})
-    never_done = SimpleNamespace(done=lambda: False)
-    state.start_load(never_done, busy)
-    assert load_refusal(state, "chat", "teacher") == busy
-    state.end_load(SimpleNamespace(done=lambda: False))  # another task's end releases nothing
-    assert state.running_load() == busy
-    state.end_load(never_done)
-    assert state.running_load() is None and load_refusal(state, "chat", "teacher") is None
+    release = asyncio.Event()
+    assert await state.start_load(busy, release.wait()) is None
+    run = state.load_task
+    assert await load_refusal(state, "chat", "teacher") == busy
+    other = asyncio.create_task(asyncio.sleep(0))
+    await state.end_load(other)  # another task's end releases nothing
+    assert await state.running_load() == busy
+    release.set()
+    await run
+    await state.end_load(run)
+    assert await state.running_load() is None and await load_refusal(state, "chat", "teacher") is None
 
 
 @pytest.fixture
@@ -109,7 +113,7 @@ async def test_bench_is_refused_in_blind_mode_and_sends_nothing(view):
     view.state, view.settings = fake_state(a, b), settings("a", mode="blind", compare=("a", "b"))
     await engines_view.run_bench()
     assert "/bench are off in blind mode" in view.said[-1]
-    assert view.state.running_load() is None and a.requests == [] and b.requests == []
+    assert await view.state.running_load() is None and a.requests == [] and b.requests == []
 
 
 async def test_bench_waits_its_turn_behind_a_simulation_which_the_app_keeps_until_it_ends(view):
@@ -123,7 +127,7 @@ async def test_bench_waits_its_turn_behind_a_simulation_which_the_app_keeps_unti
     await engines_view.run_bench()
     assert "A simulation is already running (1 users on TGI (stand-in))" in view.said[-1]
     await asyncio.wait_for(task, 30)
-    assert view.state.load_task is None and view.state.running_load() is None
+    assert view.state.load_task is None and await view.state.running_load() is None
     assert len(tgi.requests) == 2  # the simulation's two; /bench sent none
     assert "| TGI (stand-in) | 1 |" in view.said[-1]  # the results table
     assert view.state.simulation.result.backend == "TGI (stand-in)"
@@ -153,7 +157,7 @@ async def test_a_simulation_waits_its_turn_behind_a_bench_and_a_failed_bench_fre
     release.set()
     with pytest.raises(BenchStopped):
         await bench
-    assert view.state.running_load() is None
+    assert await view.state.running_load() is None
     started = await engines_view.simulate({"users": 1})
     assert started["ok"]
     await asyncio.wait_for(view.state.load_task, 30)

@@ -160,15 +160,17 @@ async def simulate(payload: object) -> dict:
     names = chosen_backends()
     backends = [state.registry.get(name) for name in names]
     async with state.load_lock:
-        if (refusal := load_refusal(state, session_settings().mode, current_user())) is not None:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user())) is not None:
             return await _refuse(refusal.render(lang_code))
         stand_ins = await _stand_ins(names, probe=set(names))
         labels = ", ".join(display_label(b.label, stand_ins[b.name]) for b in backends)
+        if (refusal := await state.start_load(Notice("simulate_busy", {"users": users, "backend": labels}),
+                                              _run_simulations(backends, users, stand_ins))) is not None:
+            return await _refuse(refusal.render(lang_code))  # another replica's run started first
+        # Before the next await, so the run (started at it) finds the simulation the panel shows.
         state.simulation = Simulation(backends[0], users, stand_ins[backends[0].name])
         if _panel() is None:
             await open_panel()
-        state.start_load(asyncio.create_task(_run_simulations(backends, users, stand_ins)),
-                         Notice("simulate_busy", {"users": users, "backend": labels}))
     message = text("simulate_started", lang_code, users=users, backends=labels)
     await say(message)
     return {"ok": True, "message": message}
@@ -198,7 +200,7 @@ async def _run_simulations(backends, users: int, stand_ins: dict[str, str | None
         await say(text("simulate_done", lang(), users=users) + "\n\n| backend | users | tokens/s (all) | "
                   "mean TTFT ms | replies | failed |\n|---|---|---|---|---|---|\n" + "\n".join(lines))
     finally:
-        state.end_load(asyncio.current_task())
+        await state.end_load(asyncio.current_task())
 
 
 async def capacity_sweep(_payload: object = None) -> dict:
@@ -212,15 +214,17 @@ async def capacity_sweep(_payload: object = None) -> dict:
     except ConfigurationError as error:
         return await _refuse(str(error))
     async with state.load_lock:
-        if (refusal := load_refusal(state, session_settings().mode, current_user())) is not None:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user())) is not None:
             return await _refuse(refusal.render(lang_code))
         stand_ins = await _stand_ins([name], probe={name})
         label = display_label(backend.label, stand_ins[name])
         sweep = TeacherSweep(name, label, settings, user=current_user())
+        if (refusal := await state.start_load(Notice("sweep_busy", {"backend": label}),
+                                              _run_capacity_sweep(sweep))) is not None:
+            return await _refuse(refusal.render(lang_code))  # another replica's run started first
         state.capacity_sweep = sweep
         if _panel() is None:
             await open_panel()
-        state.start_load(asyncio.create_task(_run_capacity_sweep(sweep)), Notice("sweep_busy", {"backend": label}))
     message = text("sweep_started", lang_code, backend=label, slo=slo_phrase(settings.slo, lang_code),
                    percentile=settings.slo.percentile)
     await say(message)
@@ -247,7 +251,7 @@ async def _run_capacity_sweep(sweep: TeacherSweep) -> None:
         await say(text("sweep_done", lang_code, answer=sweep.answer(lang_code)) + "\n\n" + table
                   + (f"\n\n{notice.render(lang_code)}" if notice else ""), author="Engines")
     finally:
-        state.end_load(asyncio.current_task())
+        await state.end_load(asyncio.current_task())
 
 
 async def _refuse(message: str) -> dict:
@@ -260,16 +264,18 @@ async def run_bench() -> None:
     state, lang_code = app_state(), lang()
     names = chosen_backends()
     async with state.load_lock:
-        if (refusal := load_refusal(state, session_settings().mode, current_user())) is not None:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user())) is not None:
             await _refuse(refusal.render(lang_code))
             return
         stand_ins = await _stand_ins(names, probe=set(names))
-        state.start_load(asyncio.current_task(), Notice("bench_busy", {"backends": ", ".join(
-            display_label(state.registry.get(name).label, stand_ins[name]) for name in names)}))
+        if (refusal := await state.start_load(Notice("bench_busy", {"backends": ", ".join(
+                display_label(state.registry.get(name).label, stand_ins[name]) for name in names)}))) is not None:
+            await _refuse(refusal.render(lang_code))
+            return
     try:
         await _bench(state, names, lang_code)
     finally:
-        state.end_load(asyncio.current_task())
+        await state.end_load(asyncio.current_task())
 
 
 async def _bench(state: AppState, names: list[str], lang_code: str) -> None:

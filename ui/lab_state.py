@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from backends.registry import KINDS
+from core.replica import REPLICA_HEADER, replica_id
 from store.outbox import all_outboxes
 from vocabulary import LOOPBACK_HOSTS
 
@@ -103,6 +104,9 @@ def process_state() -> dict:
     files = [f.path for f in process.open_files()]
     database_files = sum(1 for path in files if path.endswith(DATABASE_FILE_ENDINGS))
     return {
+        # Which replica answered (LAB_REPLICA_ID, else host:pid), when several serve one class.
+        "replica": replica_id(),
+        "pid": process.pid,
         "uptime_s": round(time.monotonic() - STARTED_AT, 1),
         "sessions": len(ws_sessions_id),
         "connected_sessions": _connected_sessions(list(ws_sessions_sid)),
@@ -148,3 +152,24 @@ async def state_endpoint(request: Request) -> JSONResponse:
         return JSONResponse({"error": "GET /lab/state answers only on the app's own machine (loopback, not "
                                       "through a proxy)."}, status_code=403)
     return JSONResponse(process_state())
+
+
+class ReplicaHeader:
+    """ASGI middleware: every HTTP answer says which replica gave it (`X-Lab-Replica`), so an operator
+    (or a test) behind the proxy sees where a person landed. Websocket traffic passes untouched."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.header = (REPLICA_HEADER.lower().encode(), replica_id().encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
