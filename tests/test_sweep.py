@@ -212,3 +212,18 @@ def test_a_sweep_finds_the_known_capacity_of_a_real_engine_with_two_slots(tmp_pa
     markdown = (tmp_path / "capacity.md").read_text()
     assert answer.group(0) in markdown and "Paced：最多 2 人同时使用时" in markdown
     assert "Load: concurrency 1, 2, 4, 8" in markdown and "All 3 goals met." in result.stdout
+
+
+def test_the_conditions_say_which_level_ran_out_of_time_and_what_was_swept():
+    from datetime import datetime, timezone
+
+    from core.load.sweep_report import conditions
+
+    one = replace(_level("concurrency", 1, [0.1] * 8, duration_s=8.0), not_sent=3)
+    settings = SweepSettings("concurrency", (1.0, 2.0), SLO, requests=11, max_seconds=90)
+    run = SweepRun(settings, [_engine([one])], {"tgi": "not reachable"}, "a CPU; no GPU",
+                   datetime(2026, 12, 4, tzinfo=timezone.utc))
+    text = "\n".join(conditions(run))
+    assert "- vLLM at 1: 3 of 11 requests not sent (the level's 90 s were up); its figures are over the 8 sent." in text
+    assert "Load: concurrency 1, 2 (people at once, closed loop); 11 requests per level" in text
+    assert "Not measured: tgi: not reachable" in text and "ttft:500, tpot:50" in text
