@@ -91,20 +91,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _main(args: argparse.Namespace, names: list[str], registry: Registry, prompts,
                 required: list[str]) -> int:
-    from bench.progress import progress_bar
+    from bench.progress import progress_bar, request_progress
 
     settings = RunSettings(concurrency=args.concurrency, requests=args.requests,
                            max_new_tokens=args.max_new_tokens, warmup=args.warmup, prompt_set=args.prompts)
     total = len(names) * (settings.warmup + settings.requests * len(settings.concurrency))
     bar = progress_bar(total)
-    failures = 0
-
-    def progress(stage: str, outcome) -> None:
-        nonlocal failures
-        failures += 0 if outcome is None or outcome.ok else 1
-        bar.set_description(stage)
-        bar.set_postfix(failed=failures)
-        bar.update(1)
+    progress = request_progress(bar)
 
     try:
         run = await run_benchmark(registry, names, prompts, settings, progress)

@@ -31,3 +31,18 @@ def progress_bar(total: int, unit: str = "req", stream: TextIO | None = None):
     from tqdm import tqdm
 
     return tqdm(total=total, unit=unit, **bar_options(stream))
+
+
+def request_progress(bar):
+    """The load engine's per-request callback, `(stage, outcome)`, that moves `bar` on by one,
+    shows the stage and counts failed requests beside it."""
+    failures = 0
+
+    def progress(stage: str, outcome) -> None:
+        nonlocal failures
+        failures += 0 if outcome is None or outcome.ok else 1
+        bar.set_description(stage)
+        bar.set_postfix(failed=failures)
+        bar.update(1)
+
+    return progress

@@ -149,20 +149,13 @@ def sweep_goals(run: SweepRun, required: list[str] | tuple[str, ...] = (),
 
 async def _main(args: argparse.Namespace, settings: SweepSettings, names: list[str], registry: Registry,
                 prompts, required: list[str]) -> int:
-    from bench.progress import progress_bar
+    from bench.progress import progress_bar, request_progress
     from core.load.article import hardware_summary
     from core.load.sweep_report import answers, levels_table, write_sweep
 
     total = len(names) * (settings.warmup + sum(settings.requests_at(level) for level in settings.levels))
     bar = progress_bar(total)
-    failures = 0
-
-    def progress(stage: str, outcome) -> None:
-        nonlocal failures
-        failures += 0 if outcome is None or outcome.ok else 1
-        bar.set_description(stage)
-        bar.set_postfix(failed=failures)
-        bar.update(1)
+    progress = request_progress(bar)
 
     def on_level(engine, figures) -> None:
         share = "–" if figures.slo_share is None else f"{figures.slo_share:.0%}"

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Coroutine, Mapping
+from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
 from backends.registry import BackendStatus, Registry
@@ -107,31 +107,23 @@ class AppState:
     async def save_reply(self, reply: StoredReply) -> Notice | None:
         """Store one reply; None when it is in the database, else what the person should be told:
         kept to be written later (the database is unavailable), or not kept, and why."""
-        store = await self.storage()
-        if store is None:
-            return Notice("not_saved", {"problem": self.storage_problem or "no database"})
-        try:
-            await store.save_reply(reply)
-        except SavedLater as later:
-            log.warning("reply %s waits in the outbox: %s", reply.id, later.problem)
-            return Notice("saved_later", {"waiting": later.waiting})
-        except StoreError as error:
-            log.error("could not store reply %s: %s", reply.id, error)
-            return Notice("not_saved", {"problem": str(error)})
-        return None
+        return await self._save(f"reply {reply.id}", lambda store: store.save_reply(reply))
 
     async def save_sweep(self, sweep: StoredSweep) -> Notice | None:
         """Store a capacity sweep; None when it is in the database, else what the person should be told."""
+        return await self._save(f"capacity sweep {sweep.id}", lambda store: store.save_sweep(sweep))
+
+    async def _save(self, what: str, write: Callable[[Store], Awaitable[None]]) -> Notice | None:
         store = await self.storage()
         if store is None:
             return Notice("not_saved", {"problem": self.storage_problem or "no database"})
         try:
-            await store.save_sweep(sweep)
+            await write(store)
         except SavedLater as later:
-            log.warning("capacity sweep %s waits in the outbox: %s", sweep.id, later.problem)
+            log.warning("%s waits in the outbox: %s", what, later.problem)
             return Notice("saved_later", {"waiting": later.waiting})
         except StoreError as error:
-            log.error("could not store capacity sweep %s: %s", sweep.id, error)
+            log.error("could not store %s: %s", what, error)
             return Notice("not_saved", {"problem": str(error)})
         return None
 

@@ -7,23 +7,12 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from servers.app import AppServer, backend_env
+from servers.app import backend_env
 from servers.paced_openai import start_paced_server
 from tests.fixtures_app import stored_when
+from tests.test_engines_browser import command, open_chat
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-READY_TIMEOUT_MS = 180_000
-
-
-def open_chat(page: Page, app: AppServer) -> None:
-    page.goto(app.url)
-    expect(page.locator(".step", has_text="Backends").first).to_be_visible(timeout=READY_TIMEOUT_MS)
-
-
-def command(page: Page, text: str) -> None:
-    page.locator("#chat-input").fill(text)
-    page.locator("#chat-submit").click()
 
 
 @pytest.fixture(scope="module")

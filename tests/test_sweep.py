@@ -212,3 +212,48 @@ def test_a_sweep_finds_the_known_capacity_of_a_real_engine_with_two_slots(tmp_pa
     markdown = (tmp_path / "capacity.md").read_text()
     assert answer.group(0) in markdown and "Paced：最多 2 人同时使用时" in markdown
     assert "Load: concurrency 1, 2, 4, 8" in markdown and "All 3 goals met." in result.stdout
+
+
+def test_the_conditions_say_which_level_ran_out_of_time_and_what_was_swept():
+    from datetime import datetime, timezone
+
+    from core.load.sweep_report import conditions
+
+    one = replace(_level("concurrency", 1, [0.1] * 8, duration_s=8.0), not_sent=3)
+    settings = SweepSettings("concurrency", (1.0, 2.0), SLO, requests=11, max_seconds=90)
+    run = SweepRun(settings, [_engine([one])], {"tgi": "not reachable"}, "a CPU; no GPU",
+                   datetime(2026, 12, 4, tzinfo=timezone.utc))
+    text = "\n".join(conditions(run))
+    assert "- vLLM at 1: 3 of 11 requests not sent (the level's 90 s were up); its figures are over the 8 sent." in text
+    assert "Load: concurrency 1, 2 (people at once, closed loop); 11 requests per level" in text
+    assert "Not measured: tgi: not reachable" in text and "ttft:500, tpot:50" in text
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_levels_measured_and_writes_every_file(tmp_path):
+    import signal
+    import time
+
+    from tests.test_bench_cli import _ctrl_c_as_in_a_terminal
+
+    paced = start_paced_server(rate_tokens_per_s=20, tokens=60, name="paced-sweep-interrupt")
+    try:
+        env = {"BACKENDS": "paced", **backend_env("paced", kind="openai", base_url=paced.base_url, label="Paced")}
+        process = subprocess.Popen([sys.executable, "-m", "bench", "sweep", "--concurrency", "1,2", "--requests", "2",
+                                    "--max-new-tokens", "60", "--warmup", "0", "--output", str(tmp_path)],
+                                   cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_in_a_terminal)
+        deadline = time.monotonic() + 60
+        while len(paced.requests()) < 3:  # level 1 done (2 requests), level 2 running
+            assert time.monotonic() < deadline and process.poll() is None, "the sweep did not start"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        paced.stop()
+    assert process.returncode == 130, stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / "sweep.csv", encoding="utf-8")))
+    assert [row["level"] for row in rows][0] == "1.0" and rows[0]["completed"] == "2"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] and summary["engines"][0]["stopped"] == "interrupted"
+    assert "Interrupted: the sweep was stopped" in (tmp_path / "capacity.md").read_text()

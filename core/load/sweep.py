@@ -393,8 +393,12 @@ async def sweep_engine(backend: Backend, sweep: EngineSweep, prompts: Sequence[B
 
     await backend.warm_up()
     if settings.warmup:
-        await run_level(backend, prompts, concurrency=1, requests=settings.warmup, params=params,
-                        model=sweep.model, on_done=report(f"{sweep.label}: warm-up"), token_cache=token_cache)
+        warm_up = await run_level(backend, prompts, concurrency=1, requests=settings.warmup, params=params,
+                                  model=sweep.model, on_done=report(f"{sweep.label}: warm-up"),
+                                  token_cache=token_cache)
+        if warm_up.interrupted:
+            sweep.stopped = "interrupted during the warm-up"
+            raise asyncio.CancelledError
     first = await _snapshot_or_none(backend)
     sweep.reports_queue = first is not None and _first(first, "waiting_requests", "queue_size") is not None
     previous: LevelFigures | None = None

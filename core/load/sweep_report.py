@@ -158,6 +158,11 @@ def conditions(run: SweepRun, lang: str = "en") -> list[str]:
             lines.append("- " + _t(lang, "stand_in", label=engine.label, why=engine.stand_in))
         if engine.stopped:
             lines.append("- " + _t("en", "stopped", label=engine.label, why=engine.stopped))
+        for figures in engine.levels:
+            if figures.not_sent:
+                lines.append(f"- {engine.label} at {settings.level_label(figures.level)}: {figures.not_sent} of "
+                             f"{figures.sent + figures.not_sent} requests not sent (the level's "
+                             f"{settings.max_seconds:g} s were up); its figures are over the {figures.sent} sent.")
     for name, why in run.skipped.items():
         lines.append("- " + _t(lang, "not_measured", name=name, why=why))
     if run.interrupted:
