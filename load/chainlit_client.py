@@ -53,6 +53,9 @@ import requests
 import socketio
 
 SOCKET_PATH = "/ws/socket.io"
+# Which app replica answered, behind a proxy in front of several (core/replica.py; this client runs
+# in Locust's own venv and imports nothing of the app).
+REPLICA_HEADER = "X-Lab-Replica"
 # The app's error message title (core/texts.py "error_title"), in both UI languages.
 ERROR_MARKERS = ("could not answer", "无法回答")
 # A reply's figures element in one of these states holds the app's final measurement of it.
@@ -376,8 +379,12 @@ class ChainlitClient:
 
     def __init__(self, base_url: str, *, language: str = "en-US", load_page: bool = True,
                  clock: Clock = time.perf_counter, record_events: bool = False,
-                 user_env: dict[str, str] | None = None) -> None:
+                 user_env: dict[str, str] | None = None, http: requests.Session | None = None) -> None:
+        """`http`: the browser's cookie jar (a login's token, a proxy's route cookie) to open the chat
+        with; by default a new, empty one."""
         self.base_url = base_url.rstrip("/")
+        self.http = http
+        self.replica: str | None = None  # the replica the page load landed on (X-Lab-Replica), if any
         self.language = language
         self.user_env = user_env
         self.load_page = load_page
@@ -397,10 +404,12 @@ class ChainlitClient:
     def open_chat(self, timeout_s: float = 30.0) -> float:
         """Load the page, connect, and wait until on_chat_start has finished; return the seconds it took."""
         started = self.clock()
-        http = requests.Session()
+        http = self.http if self.http is not None else requests.Session()
         if self.load_page:
             for method, path, body in page_load_requests(self.language, self.session_id):
-                http.request(method, self.base_url + path, json=body, timeout=timeout_s).raise_for_status()
+                response = http.request(method, self.base_url + path, json=body, timeout=timeout_s)
+                response.raise_for_status()
+                self.replica = response.headers.get(REPLICA_HEADER, self.replica)
         sio = socketio.Client(http_session=http, reconnection=False)
         sio.on("*", self._on_event)
         sio.on("connect", lambda: (sio.emit("connection_successful"), sio.emit("fetch_favorites")))

@@ -189,7 +189,7 @@ class ChainlitUser(User):
         elapsed_s = time.perf_counter() - started
         self._fire("open", elapsed_s, 0, failure)
         RESULTS.write("open", ok=failure is None, open_s=elapsed_s, error=str(failure) if failure else None,
-                      transport=chat.transport)
+                      transport=chat.transport, replica=chat.replica)
         if failure is not None:
             chat.close()
             if isinstance(failure, ValueError):  # LOAD_BACKEND is not offered: no retry will help
@@ -212,7 +212,8 @@ class ChainlitUser(User):
             elapsed_s = record.reply_s if record.reply_s is not None \
                 else time.perf_counter() - record.sent_at_s
             self._fire("reply", elapsed_s, len(record.text), failure)
-        RESULTS.write("message", **{**record.as_dict(), "outcome": record.outcome or "unfinished"})
+        RESULTS.write("message", **{**record.as_dict(), "outcome": record.outcome or "unfinished",
+                                    "replica": self.chat.replica if self.chat is not None else None})
 
     def _fire(self, name: str, elapsed_s: float, length: int, failure: Exception | None) -> None:
         self.environment.events.request.fire(

@@ -2,7 +2,7 @@
 # Set up the app (and, with --test, everything the test suite needs).
 #
 #   bash scripts/setup.sh          # .venv with the app and the bundled model
-#   bash scripts/setup.sh --test   # + test tools, Debian's chromium, the vLLM CPU venv and its model,
+#   bash scripts/setup.sh --test   # + test tools, Debian's chromium, postgresql and nginx, the vLLM CPU venv and its model,
 #                                  #   and llama.cpp's llama-server (built once, cached like the wheel)
 #
 # The first run compiles llama.cpp (llama-cpp-python has no wheel on PyPI):
@@ -77,6 +77,15 @@ if [ "$with_tests" = 1 ]; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends postgresql
+  fi
+  if [ ! -x /usr/sbin/nginx ]; then
+    step "Installing Debian's nginx (the lecture-hall tests run it on loopback in front of two replicas)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nginx
+    # The package starts its default site on port 80 where a service manager runs; the tests start
+    # their own nginx (servers/proxy.py) and need none of it.
+    $SUDO systemctl disable --now nginx >/dev/null 2>&1 || $SUDO service nginx stop >/dev/null 2>&1 || true
   fi
   step "Setting up vLLM (CPU build) in .venv-vllm and converting the bundled model"
   bash scripts/vllm_server.sh --setup-only

@@ -17,5 +17,5 @@ if "LAB_OUTBOX_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["LAB_OUTBOX_DIR"], True)
 
 # Real servers, started and stopped by session fixtures.
-pytest_plugins = ["tests.fixtures_vllm", "tests.fixtures_tgi", "tests.fixtures_app", "tests.fixtures_postgres",
+pytest_plugins = ["tests.fixtures_vllm", "tests.fixtures_tgi", "tests.fixtures_app", "tests.fixtures_postgres", "tests.fixtures_hall",
                   "tests.fixtures_llama_server"]

@@ -146,3 +146,18 @@ async def test_replicas_starting_at_once_migrate_a_fresh_database_once(postgres_
         async with store._transaction() as connection:
             assert await connection.scalar(select(func.count()).select_from(schema.schema_version)) == 1
         assert set((await store.row_counts())) >= {table.name for table in schema.metadata.sorted_tables}
+
+
+def test_the_deployment_config_passes_nginx_own_check_with_any_replicas():
+    from servers.proxy import Proxy, site_config
+
+    site = site_config(["127.0.0.1:18001", "127.0.0.1:18002", "127.0.0.1:18003"], 18080)
+    assert site.count("    server 127.0.0.1:1800") == 3 and "listen 127.0.0.1:18080;" in site
+    assert "hash $lab_route consistent;" in site and "listen 80;" not in site
+    proxy = Proxy(["127.0.0.1:18001", "127.0.0.1:18002"])
+    try:
+        checked = proxy.check()
+        assert checked.returncode == 0, checked.stderr
+        assert "syntax is ok" in checked.stderr
+    finally:
+        proxy.stop()

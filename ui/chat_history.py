@@ -31,8 +31,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import sessionmaker
 
+from core.replica import process_key
+from core.texts import text as ui_text
 from store.db import create_engine, safe_message, unavailable_reason
-from store.errors import NotSaved
+from store.errors import NotSaved, StoreError
+from store.locks import PROCESS_ALIVE_SPACE, LockKey, lock_holders
 from store.outbox import Outbox, outbox_for
 from store.urls import database_url, normalise_url
 
@@ -107,6 +110,47 @@ class AppDataLayer(SQLAlchemyDataLayer):
             return None
         log.warning("chat history: the database is unavailable (%s); %d row(s) wait to be written", problem, waiting)
         return None
+
+    async def get_thread(self, thread_id: str):
+        """The thread as Chainlit reads it, with the replies of app processes that died mid-reply
+        marked interrupted (and kept so): see `_mark_interrupted`."""
+        thread = await super().get_thread(thread_id)
+        if thread and self.engine.dialect.name == "postgresql":
+            await self._mark_interrupted(thread)
+        return thread
+
+    async def _mark_interrupted(self, thread: dict) -> None:
+        """A reply still marked in flight (core.app_state.in_flight_mark) whose process no longer holds
+        its alive lock was cut off when that process (a replica) died: its text, if any, stays, followed
+        by a line that says so; the step becomes an error and loses its in-flight mark."""
+        marked = []
+        for step in thread.get("steps") or []:
+            metadata = step.get("metadata")
+            if isinstance(metadata, str):
+                metadata = json.loads(metadata or "{}")
+            in_flight = (metadata or {}).get("in_flight")
+            if isinstance(in_flight, dict) and in_flight.get("process") != process_key():
+                marked.append((step, metadata, in_flight))
+        if not marked:
+            return
+        keys = {LockKey(PROCESS_ALIVE_SPACE, int(in_flight["process"])) for _, _, in_flight in marked}
+        try:
+            alive = await lock_holders(self.engine, sorted(keys, key=lambda key: key.item))
+        except StoreError as error:
+            log.warning("chat history: cannot tell whether replies in flight are interrupted: %s", error)
+            return
+        for step, metadata, in_flight in marked:
+            if LockKey(PROCESS_ALIVE_SPACE, int(in_flight["process"])) in alive:
+                continue  # still being answered by a live replica
+            replica = str(in_flight.get("replica") or "?")
+            note = ui_text("reply_interrupted", "en", replica=replica)
+            output = f"{step.get('output') or ''}\n\n{note}".strip()
+            metadata = {key: value for key, value in metadata.items() if key != "in_flight"}
+            metadata["interrupted"] = {"replica": replica}
+            step.update(output=output, metadata=metadata, isError=True)
+            await self.execute_sql('UPDATE steps SET "output" = :output, "metadata" = :metadata, "isError" = :is_error '
+                                   'WHERE "id" = :id', {"output": output, "metadata": metadata, "is_error": True,
+                                                        "id": step["id"]})
 
     @queue_until_user_message()
     async def create_element(self, element) -> None:

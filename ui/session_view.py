@@ -377,6 +377,8 @@ class ChatReplyView:
         props = initial_props(backend=plan.label, model=plan.model, request=plan.request, lang=self.lang)
         metrics = MetricsElement(name="Metrics", props=props, display="inline")
         message.elements = [metrics]
+        # Marked with this process until it ends (the update below replaces the metadata).
+        message.metadata = await app_state().in_flight_mark()
         await message.send()
         outcome = await LiveReply(plan.open_stream(), message, metrics, lang=self.lang, request=plan.request,
                                   engine_at_start=state_summary(plan.engine_at_start)).run()
