@@ -62,6 +62,7 @@ class AppState:
     _held_load: HeldLock | None = None
     # Held while this process lives (PostgreSQL): its replies in flight are its own, not interrupted.
     _alive: HeldLock | None = None
+    _alive_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # replies start together: one takes it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AppState":
@@ -156,15 +157,16 @@ class AppState:
         store = await self.storage()
         if store is None or not store.shared_locks:
             return {}
-        if self._alive is None:
-            try:
-                self._alive = await store.try_lock(LockKey(PROCESS_ALIVE_SPACE, process_key()),
-                                                   PROCESS_LOCK_NAME + self.replica)
-            except StoreError as error:
-                log.warning("replies are not marked in flight (database unavailable): %s", error)
+        async with self._alive_lock:
+            if self._alive is None:
+                try:
+                    self._alive = await store.try_lock(LockKey(PROCESS_ALIVE_SPACE, process_key()),
+                                                       PROCESS_LOCK_NAME + self.replica)
+                except StoreError as error:
+                    log.warning("replies are not marked in flight (database unavailable): %s", error)
+                    return {}
+            if self._alive is None:
                 return {}
-        if self._alive is None:
-            return {}
         return {"in_flight": {"replica": self.replica, "process": process_key()}}
 
     async def running_load(self) -> Notice | None:

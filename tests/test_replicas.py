@@ -6,6 +6,7 @@ schema safely. Real PostgreSQL (the throwaway cluster), real processes; no brows
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -19,7 +20,8 @@ from core.app_state import AppState
 from core.notices import Notice
 from core.replica import replica_id
 from store import Store, normalise_url, schema
-from store.locks import LOAD_RUN
+from store.locks import LOAD_RUN, PROCESS_ALIVE_SPACE, LockKey
+from core.replica import process_key
 from servers.process import PYTHON
 from config import REPO
 from tests.fakes import FakeBackend, fake_state
@@ -161,3 +163,20 @@ def test_the_deployment_config_passes_nginx_own_check_with_any_replicas():
         assert "syntax is ok" in checked.stderr
     finally:
         proxy.stop()
+
+
+async def test_replies_starting_together_are_all_marked_with_one_live_process(postgres_url):
+    url = await _database(postgres_url)
+    state = _replica(url, "app-1")
+    try:
+        marks = await asyncio.gather(*(state.in_flight_mark() for _ in range(20)))
+        assert marks == [{"in_flight": {"replica": "app-1", "process": process_key()}}] * 20
+        gc.collect()  # a lock object dropped by a racing caller would close its connection here
+        key = LockKey(PROCESS_ALIVE_SPACE, process_key())
+        store = await state.storage()
+        assert await store.lock_holders([key]) == {key: "serving-lab process app-1"}
+    finally:
+        if state._alive is not None:
+            await state._alive.release()
+        if state._store is not None:
+            await state._store.aclose()
