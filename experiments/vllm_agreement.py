@@ -106,6 +106,11 @@ class Mode:
     def label(self) -> str:
         return f"{self.concurrency} concurrent" if self.concurrency is not None else f"{self.rate:g} req/s"
 
+    @property
+    def slug(self) -> str:
+        """The mode in a file name: 'concurrency-8', 'rate-0.5'."""
+        return f"concurrency-{self.concurrency}" if self.concurrency is not None else f"rate-{self.rate:g}"
+
     def vllm_args(self, seed: int) -> list[str]:
         if self.concurrency is not None:
             return ["--max-concurrency", str(self.concurrency)]
@@ -333,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 for run in range(1, RUNS + 1):
                     def theirs_now() -> None:
                         their_runs.append(vllm_bench(base_url, dataset, len(prompts), mode, args.max_new_tokens,
-                                                     slo, work_dir, f"{mode.label}-{run}".replace(" ", "-")))
+                                                     slo, work_dir, f"{mode.slug}-{run}"))
                     if run % 2 == 0:
                         theirs_now()
                     our_runs.append(asyncio.run(ours(base_url, prompts, mode, args.max_new_tokens, slo)))

@@ -84,7 +84,7 @@ def test_no_good_request_on_either_side_agrees_but_one_side_with_two_does_not():
 def test_a_missing_figure_is_a_miss_that_says_so():
     goals = mode_goals("8", [run(p90_tpot_ms=None)] * 2, [run()] * 2, sent_per_run=32)
     (goal,) = [goal for goal in goals if not goal.met]
-    assert goal.name == "8: p90_tpot_ms, ours vs vllm bench serve" and "no figure to compare" in goal.describe()
+    assert goal.name == "8: p90_tpot_ms, ours / vllm bench serve" and "no figure to compare" in goal.describe()
 
 
 def test_failed_requests_and_token_counts_are_goals_too():
@@ -121,6 +121,7 @@ def test_a_mode_is_a_concurrency_or_a_rate():
     assert Mode(concurrency=8).vllm_args(0) == ["--max-concurrency", "8"]
     assert Mode(rate=0.5).vllm_args(3) == ["--request-rate", "0.5", "--burstiness", "1", "--seed", "3"]
     assert Mode(rate=1.0).label == "1 req/s" and Mode(concurrency=16).label == "16 concurrent"
+    assert Mode(rate=0.5).slug == "rate-0.5" and "/" not in Mode(rate=1.0).slug
     with pytest.raises(ValueError):
         Mode(concurrency=8, rate=1.0)
     with pytest.raises(ValueError):
