@@ -37,7 +37,7 @@ first chunk with a `choices` entry (vLLM's empty role chunk); vLLM sends both
 from the same engine step, so they arrive together.
 
 Run: `.venv/bin/python -m experiments.vllm_agreement [--concurrency 1,8,16] [--rates 0.5,1]
-      [--requests 32] [--max-new-tokens 64] [--goodput ttft_ms=500,tpot_ms=50]
+      [--requests 32] [--max-new-tokens 64] [--goodput ttft_ms=500,tpot_ms=50] [--runs 2]
       [--base-url http://127.0.0.1:8001/v1]` (without --base-url it starts vLLM itself, ~1 min).
 It exits 1 naming each missed goal (`bench.verdict`).
 """
@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", default="en")
     parser.add_argument("--goodput", default=DEFAULT_SLO, help="the SLO, e.g. ttft_ms=500,tpot_ms=50")
+    parser.add_argument("--runs", type=int, default=RUNS, help="runs per tool and mode (interleaved)")
     parser.add_argument("--base-url", help="a running vLLM serving the bundled model (default: start one)")
     args = parser.parse_args(argv)
     slo = parse_slo(args.goodput)
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(ours(base_url, prompts, Mode(concurrency=8), args.max_new_tokens, slo))  # warm-up
             for mode in modes:
                 our_runs, their_runs = [], []
-                for run in range(1, RUNS + 1):
+                for run in range(1, args.runs + 1):
                     def theirs_now() -> None:
                         their_runs.append(vllm_bench(base_url, dataset, len(prompts), mode, args.max_new_tokens,
                                                      slo, work_dir, f"{mode.slug}-{run}"))
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
 
     print(f"\n{len(prompts)} prompts of '{args.prompts}' per run, {args.max_new_tokens} new tokens, greedy; "
-          f"SLO {' '.join(slo.as_vllm_goodput())}; {RUNS} runs per tool and mode, interleaved, after a warm-up; "
+          f"SLO {' '.join(slo.as_vllm_goodput())}; {args.runs} runs per tool and mode, interleaved, after a warm-up; "
           f"figures are the mean of the runs")
     print_table(results)
     goals: list[Goal] = []
