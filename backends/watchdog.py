@@ -7,12 +7,14 @@ starts or stops in the middle ends the same way everywhere, with a
 that sets it:
 
 - first token: from the first iteration (the request leaves) to the first
-  chunk with text. Empty server events (an OpenAI role chunk) do not stop
-  this clock. The embedded model's own queue does not count: while a chunk
-  says the request waits behind others (`queue_position` > 0) there is no
-  limit (the reply ahead is watched by its own watchdog, so the queue
-  moves), and its turn (`queue_position` 0) starts the count afresh.
-- stall: once text flows, the longest wait for the next chunk of any kind.
+  chunk that carries a token (text, or a counted token whose text the server
+  holds back: `core.timing`'s TTFT). Empty server events (an OpenAI role
+  chunk) do not stop this clock. The embedded model's own queue does not
+  count: while a chunk says the request waits behind others
+  (`queue_position` > 0) there is no limit (the reply ahead is watched by
+  its own watchdog, so the queue moves), and its turn (`queue_position` 0)
+  starts the count afresh.
+- stall: once tokens flow, the longest wait for the next chunk of any kind.
 
 Transport limits (connecting, the read timeout) stay with the transports;
 this module only knows `StreamChunk`s and time. On a timeout the backend's
@@ -57,7 +59,7 @@ async def watch(stream: AsyncIterator[StreamChunk], limits: StreamLimits, *,
                     raise  # not ours: a bug below, let it surface
                 raise _timeout(limits, label, url, text_seen, tokens) from None
             now = loop.time()
-            if chunk.text:
+            if chunk.text or (chunk.token_count or 0) > 0:
                 text_seen = True
             tokens += chunk.token_count if chunk.token_count is not None else (1 if chunk.text else 0)
             if text_seen:

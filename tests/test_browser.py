@@ -100,7 +100,9 @@ def switch_backend(page: Page, option_name: str, label: str) -> None:
     page.locator("#backend").click()
     page.get_by_role("option", name=option_name).click()
     page.locator("#confirm").click()
-    expect(page.locator(".step", has_text=f"from your next message: {label}").last).to_be_visible()
+    # Applying settings may probe the backend first (up to its status timeout): on a busy 2-core
+    # machine Playwright's default 5 s wait is too short for a notice that is not a measured figure.
+    expect(page.locator(".step", has_text=f"from your next message: {label}").last).to_be_visible(timeout=30_000)
 
 
 def send(page: Page, text: str) -> None:

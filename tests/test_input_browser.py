@@ -11,6 +11,7 @@ the browser speaks it) and to /project/action as the page posts actions.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -245,6 +246,18 @@ def test_mixed_scripts_round_trip_intact_and_an_oversized_paste_stays_on_screen(
     following = new_reply_id(page, first)
     assert watch_reply(page, following, timeout_ms=REPLY_TIMEOUT_MS)[-1]["state"] == "completed"
     assert paced_server.requests()[-1]["last_user_text"] == "And a short one."
+
+
+def test_the_socket_waits_for_a_page_busy_drawing_a_big_message(input_app: AppServer):
+    """engine.io's own 20 s ping timeout dropped the socket of a page busy drawing a 1.1 MB paste
+    (44 s on a loaded machine): the message it sent went nowhere. The handshake carries the guard's."""
+    from ui.socket_guard import MAX_SOCKET_MESSAGE, PING_TIMEOUT_S
+
+    handshake = requests.get(f"{input_app.url}/ws/socket.io/?EIO=4&transport=polling", timeout=10)
+    assert handshake.ok and handshake.text.startswith("0"), handshake.text[:200]
+    opened = json.loads(handshake.text[1:])
+    assert opened["pingTimeout"] == PING_TIMEOUT_S * 1000 > 20_000, opened
+    assert opened["maxPayload"] == MAX_SOCKET_MESSAGE, opened
 
 
 # ---------------------------------------------------------------- forged websocket traffic

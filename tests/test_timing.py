@@ -37,6 +37,43 @@ def test_ttft_skips_the_empty_role_chunk_and_rate_excludes_ttft():
     assert record.tokens_exact and record.count_disagreement is None
 
 
+def test_ttft_is_the_first_token_even_when_its_text_is_held_back():
+    """vLLM sends a reply that opens with a Chinese character as the role chunk and the first token
+    together, that token with empty text and its count (the character needs more bytes), the next
+    token one step later, still empty, and the character with the third (recorded on CPU vLLM).
+    TTFT is the first token, as vLLM's own; the first text would put it two steps late."""
+    timeline = [(0.310, StreamChunk(text="", token_count=0)),  # role chunk
+                (0.310, StreamChunk(text="", token_count=1)),
+                (1.250, StreamChunk(text="", token_count=1)),
+                (1.361, StreamChunk(text="欧", token_count=1))]
+    timeline += [(1.361 + 0.1 * i, StreamChunk(text="x", token_count=1)) for i in range(1, 4)]
+    timeline.append((1.7, StreamChunk(finish_reason="length", token_count=0)))
+    record = run(StreamMeter(), timeline, end=1.75)
+    assert record.first_byte_s == pytest.approx(0.310)
+    assert record.first_token_s == pytest.approx(0.310)
+    assert record.output_tokens == 6 and record.tokens_exact
+    assert record.ms_per_output_token == pytest.approx((1.7 - 0.310) / 5 * 1000)  # vLLM's TPOT
+    assert record.decode_tokens_per_s == pytest.approx(5 / (1.661 - 0.310))
+
+
+def test_a_held_back_token_starts_the_watchdogs_stall_clock_not_its_first_token_limit():
+    """The first-token limit ends with the first token, text or not, like TTFT."""
+    from backends.base import StreamLimits
+    from backends.watchdog import watch
+
+    async def stream():
+        yield StreamChunk(text="", token_count=0)
+        yield StreamChunk(text="", token_count=1)
+        await asyncio.sleep(0.15)  # longer than the first-token limit, shorter than the stall limit
+        yield StreamChunk(text="欧", token_count=1, finish_reason="stop")
+
+    async def consume():
+        limits = StreamLimits(first_token_s=0.1, stall_s=1.0)
+        return [chunk async for chunk in watch(stream(), limits, label="t", url="u")]
+
+    assert len(asyncio.run(consume())) == 3
+
+
 def test_chunks_holding_several_tokens_are_counted_exactly():
     timeline = [(1.0, StreamChunk("ab", token_count=2)), (2.0, StreamChunk("cde", token_count=3))]
     record = run(StreamMeter(), timeline, end=2.0)

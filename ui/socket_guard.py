@@ -20,6 +20,17 @@ the message shows in the chat with no answer at all. Uvicorn already reads
 websocket messages of up to 16 MiB whole before engine.io looks at them, so
 the guard lets engine.io pass up to `MAX_SOCKET_MESSAGE` to the app, whose own
 limits (core.input, core.settings) then refuse with a message that says why.
+
+Patience. engine.io closes a socket whose page has not answered its ping within
+20 s. A page answers from its main thread, and a browser drawing a big message
+holds that thread: pasting and sending 1.1 MB kept chromium busy for 44 s on
+a loaded 2-core machine. The server then closed the socket, the message the page
+sent as it woke went nowhere, and the page reconnected showing it with no answer
+(the flaky oversized-paste browser test). The guard waits `PING_TIMEOUT_S` for
+the answer; the page learns the value at the handshake and waits as long for
+the server's pings. A closed tab still ends its socket at once (its connection
+closes); only a vanished network is noticed later, and Chainlit keeps a
+dropped session for its session_timeout (600 s) anyway.
 """
 
 from __future__ import annotations
@@ -30,6 +41,9 @@ from urllib.parse import urlsplit
 # Characters of one websocket message (bytes of one long-polling POST): room for a 1 MB paste
 # even of Chinese text sent as 3-byte UTF-8 over polling, still under uvicorn's 16 MiB frame cap.
 MAX_SOCKET_MESSAGE = 4_000_000
+# Seconds a page may take to answer a ping (engine.io's default is 20): a browser busy drawing a
+# message of up to MAX_SOCKET_MESSAGE characters keeps its socket. 1.1 MB took 44 s under load.
+PING_TIMEOUT_S = 180
 
 
 def origin_allowed(origin: str | None, hosts: Sequence[str], listed: Sequence[str]) -> bool:
@@ -62,9 +76,10 @@ def request_hosts(environ: Mapping[str, str]) -> list[str]:
     return hosts
 
 
-def guard_socket(max_message: int = MAX_SOCKET_MESSAGE) -> None:
-    """Make Chainlit's socket.io server check each browser connection's Origin and pass messages of up
-    to `max_message` to the app (see the module docstring)."""
+def guard_socket(max_message: int = MAX_SOCKET_MESSAGE, ping_timeout_s: float = PING_TIMEOUT_S) -> None:
+    """Make Chainlit's socket.io server check each browser connection's Origin, pass messages of up
+    to `max_message` to the app and wait `ping_timeout_s` for a busy page (see the module docstring).
+    Called before the first connection: each one takes the ping timeout at its handshake."""
     from chainlit.config import config
     from chainlit.server import sio
 
@@ -75,3 +90,4 @@ def guard_socket(max_message: int = MAX_SOCKET_MESSAGE) -> None:
 
     sio.eio.cors_allowed_origins = allowed
     sio.eio.max_http_buffer_size = max_message
+    sio.eio.ping_timeout = ping_timeout_s
