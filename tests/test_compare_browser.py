@@ -52,6 +52,28 @@ SNAPSHOT_JS = """
 }
 """
 
+# Every text each column of each round showed, recorded by the page itself on every DOM change (a
+# poll from the test can miss renders when the machine is busy): window.__columnTexts[round][column].
+RECORD_RENDERS_JS = """
+() => {
+  if (window.__columnTexts) return;
+  window.__columnTexts = {};
+  const read = () => {
+    const grids = document.querySelectorAll('[data-testid="compare"]');
+    const grid = grids[grids.length - 1];
+    if (!grid) return;
+    const round = (window.__columnTexts[grids.length] ||= []);
+    grid.querySelectorAll('[data-testid^="column-"][data-state]').forEach((column, index) => {
+      const element = column.querySelector('[data-testid="column-text"]');
+      const text = element ? element.innerText.trim() : "";
+      const texts = (round[index] ||= []);
+      if (texts[texts.length - 1] !== text) texts.push(text);
+    });
+  };
+  new MutationObserver(read).observe(document.body, {subtree: true, childList: true, characterData: true});
+}
+"""
+
 
 def database_url(tmp_path_factory, name: str) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp(name) / 'lab.db'}"
@@ -158,6 +180,7 @@ def compare_app(app_factory, vllm_base_url, tgi_server, compare_db) -> AppServer
 def test_compare_streams_three_real_backends_live_with_each_its_own_thread(
         page: Page, compare_app: AppServer, compare_db: str, vllm_server, tgi_server):
     open_chat(page, compare_app, tgi_server.model_id)
+    page.evaluate(RECORD_RENDERS_JS)
     first_question, second_question = "Name three colours.", "And two more?"
     received: dict[str, dict[str, list[dict]]] = {}  # run order -> server -> chat requests it received
     for question, run_order in ((first_question, "sequential"), (second_question, "concurrent")):
@@ -173,12 +196,12 @@ def test_compare_streams_three_real_backends_live_with_each_its_own_thread(
         assert [c["backend"] for c in final["columns"]] == [LABELS["llama_cpp"], LABELS["vllm"], LABELS["tgi"]]
         assert all(c["state"] == "completed" and c["text"].strip() for c in final["columns"]), final["columns"]
         assert all(c["tokens"] and c["ttft"] for c in final["columns"]), "every column shows its own figures"
-        # Each column updated live: several distinct partial texts before its final one.
+        # Each column updated live: the page drew several distinct partial texts before its final one.
+        rendered = page.evaluate("(round) => window.__columnTexts[round] || []", final["count"])
         for index in range(3):
             whole = final["columns"][index]["text"]
-            partial = {s["columns"][index]["text"] for s in snapshots
-                       if s["columns"][index]["text"] and s["columns"][index]["text"] != whole}
-            assert len(partial) >= 2, f"column {index} did not stream live: {partial}"
+            partial = {text for text in rendered[index] if text and text != whole}
+            assert len(partial) >= 2, f"column {index} did not stream live: {rendered[index]}"
         stored_round = latest_round(compare_db)
         assert stored_round.run_order == run_order and stored_round.mode == "compare"
         received[run_order] = {
