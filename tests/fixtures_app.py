@@ -8,6 +8,7 @@ scope and stop them.
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -17,7 +18,6 @@ import pytest
 from servers.app import AppServer, run_coroutine, start_app, stored
 from servers.browser import CHROMIUM_PATH, launch_chromium
 from servers.paced_openai import PacedServer, start_paced_server
-from servers.process import free_port
 
 
 def stored_when(url: str, what: str, *args, until: Callable[[Any], bool], timeout_s: float = 30.0):
@@ -32,9 +32,26 @@ def stored_when(url: str, what: str, *args, until: Callable[[Any], bool], timeou
         time.sleep(0.2)
 
 
+# Ports held (bound, never listening) for the rest of the test process: see closed_loopback_url.
+_HELD_DOWN_PORTS: list[socket.socket] = []
+
+
+def closed_loopback_port() -> int:
+    """A loopback port nothing listens on (where a backend is down).
+
+    The port stays bound by this process and never listens, so a connection there is refused and
+    no server started later (the app itself, a stand-in server) can be handed the same port: a port
+    that was merely free once was taken by the next server in CI, and the "down" backend answered.
+    """
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    _HELD_DOWN_PORTS.append(held)
+    return held.getsockname()[1]
+
+
 def closed_loopback_url() -> str:
-    """An OpenAI base URL on a loopback port nothing listens on (a backend that is down)."""
-    return f"http://127.0.0.1:{free_port()}/v1"
+    """An OpenAI base URL on a `closed_loopback_port` (a backend that is down)."""
+    return f"http://127.0.0.1:{closed_loopback_port()}/v1"
 
 
 # ---------------------------------------------------------------- fixtures

@@ -7,7 +7,7 @@ from backends.llamacpp import LlamaCppBackend
 from backends.openai_compat import OpenAICompatBackend
 from backends.registry import Registry
 from backends.tgi import TGIBackend
-from servers.process import free_port
+from tests.fixtures_app import closed_loopback_port
 
 
 def test_built_from_env_in_order_with_one_class_per_kind():
@@ -27,7 +27,7 @@ def test_unknown_name_lists_the_configured_ones():
 
 
 async def test_a_backend_that_is_down_is_reported_with_the_reason():
-    port = free_port()  # nothing listens there
+    port = closed_loopback_port()  # nothing listens there
     registry = Registry.from_env({
         "BACKENDS": "gone,gone_tgi",
         "GONE_KIND": "vllm", "GONE_BASE_URL": f"http://127.0.0.1:{port}/v1",
