@@ -32,7 +32,7 @@ def stored_when(url: str, what: str, *args, until: Callable[[Any], bool], timeou
         time.sleep(0.2)
 
 
-# Ports held (bound, never listening) for the rest of the test process: see closed_loopback_url.
+# Ports held (bound, never listening) for the rest of the test process: see closed_loopback_port.
 _HELD_DOWN_PORTS: list[socket.socket] = []
 
 

@@ -666,10 +666,10 @@ def test_passwords_are_masked():
 
 
 async def test_an_unreachable_database_is_a_clear_error(postgres_url, tmp_path):
-    from servers.process import free_port
+    from tests.fixtures_app import closed_loopback_port
 
     with pytest.raises(DatabaseUnavailable, match=r"Cannot open the database at postgresql\+asyncpg://postgres:\*\*\*@") as raised:
-        await Store.open(f"postgresql://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{free_port()}/lab")
+        await Store.open(f"postgresql://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{closed_loopback_port()}/lab")
     assert POSTGRES_PASSWORD not in str(raised.value)
     wrong_password = postgres_url.replace(POSTGRES_PASSWORD, "wrong-password")
     with pytest.raises(DatabaseUnavailable, match="password authentication failed") as raised:

@@ -33,7 +33,7 @@ from backends.errors import (
 from backends.tgi import TGIBackend
 from config import BackendConfig
 from servers.tgi_protocol import contract
-from servers.process import free_port
+from tests.fixtures_app import closed_loopback_port
 from tests.fixtures_tgi import TGI_LABEL, TGI_MAX_INPUT_TOKENS, TGI_MAX_TOTAL_TOKENS
 from tests.streams import prepared_stream
 from core.streaming import measure
@@ -334,7 +334,7 @@ async def test_429_with_retry_after_says_when_to_send_again_and_is_sent_once(rou
 
 @pytest.mark.parametrize("route", ROUTES)
 async def test_unreachable_server_is_backend_unavailable(route, tgi_backend_factory):
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{closed_loopback_port()}"
     backend = tgi_backend_factory(route, base_url=url)
     for attempt in (lambda: measure(backend, QUESTION, SHORT),
                     backend.health, backend.info):

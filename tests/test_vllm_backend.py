@@ -19,7 +19,7 @@ from backends.errors import BackendUnavailable, InputRejected
 from backends.openai_compat import OpenAICompatBackend, server_root
 from scripts.vllm_launch import BUNDLED_MODEL_NAME
 from config import BackendConfig
-from servers.process import free_port
+from tests.fixtures_app import closed_loopback_port
 from tests.controls import reaches_the_cap
 from tests.streams import prepared_stream
 from core.timing import RequestRecord, TimedStream
@@ -120,7 +120,7 @@ async def test_too_long_prompt_is_rejected_with_the_context_length(vllm):
 
 
 async def test_unreachable_server_names_its_url_and_how_to_start_it():
-    url = f"http://127.0.0.1:{free_port()}/v1"
+    url = f"http://127.0.0.1:{closed_loopback_port()}/v1"
     backend = vllm_backend(url, options={"model": BUNDLED_MODEL_NAME})
     try:
         with pytest.raises(BackendUnavailable) as raised:
