@@ -163,7 +163,8 @@ class StreamChunk:
     count as estimated until the server's own count arrives). A chunk with no
     text and no tokens is still a server event: the first one is the
     reply's "first byte" in its timeline. `queue_position` is a local status
-    (the embedded model's queue), not a server event.
+    (the embedded model's queue), not a server event. The two times say when
+    and where the chunk was seen first (see below).
     """
 
     text: str = ""
@@ -171,6 +172,12 @@ class StreamChunk:
     finish_reason: str | None = None
     server_figures: ServerFigures | None = None
     queue_position: int | None = None
+    # Where the chunk arrived, stamped there (`time.perf_counter`): the backend loop's thread for a
+    # remote backend (backends/offloop.py), the model's thread for the embedded one. core.timing
+    # measures by it, so a busy app loop cannot add its delay. None: stamped when the meter sees it.
+    arrived_at_s: float | None = None
+    # On a stream's first chunk: when its request left, stamped where it left (same clock).
+    request_sent_at_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -437,12 +437,12 @@ def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int |
             model.context_used_tokens = len(prompt) + produced
             text = decoder.decode(llama.detokenize([token]))
             last = produced >= max_tokens
-            emit(StreamChunk(text=text, token_count=1))
+            emit(StreamChunk(text=text, token_count=1, arrived_at_s=time.perf_counter()))  # stamped where it was made
             if last:
                 break
             _hold_mid_reply_for_tests(produced, stop)
         tail = decoder.decode(b"", final=True)
-        emit(StreamChunk(text=tail, token_count=0, finish_reason=finish_reason,
+        emit(StreamChunk(text=tail, token_count=0, finish_reason=finish_reason, arrived_at_s=time.perf_counter(),
                          server_figures=perf_figures(llama_cpp.llama_perf_context(llama.ctx), len(prompt))))
     except (RuntimeError, ValueError) as error:  # llama_decode failures surface as RuntimeError
         emit(GenerationFailed(label, str(llama.model_path), f"generation failed: {error}",

@@ -59,6 +59,8 @@ from backends.base import (
     ignore_unsupported,
 )
 from backends.engine_metrics import VLLM_SOURCE, EngineSnapshot, MetricsFormatError, parse_vllm_metrics
+from backends.offloop import trace_requests
+from backends.warmth import IdleWarmth
 from backends.errors import (
     BackendError,
     BackendTimeout,
@@ -365,9 +367,11 @@ class OpenAICompatBackend:
             api_key=config.api_key or PLACEHOLDER_API_KEY,
             max_retries=0,
             timeout=openai.Timeout(config.timeout_s, connect=config.connect_timeout_s),
+            # The SDK's own defaults, with each request's sending traced (when it left: backends/offloop.py).
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [trace_requests]}),
         )
         self._served_models: list[dict[str, Any]] | None = None
-        self._last_used_s = float("-inf")
+        self._warmth = IdleWarmth(lambda: self.warm_up(), WARM_AFTER_IDLE_S)
 
     @classmethod
     def kind_of(cls, config: BackendConfig) -> Kind:
@@ -391,8 +395,7 @@ class OpenAICompatBackend:
         """Resolve the model, warm the connection if it idled, and shape the request (not measured)."""
         started = time.perf_counter()
         model = await self.model_id()
-        if time.monotonic() - self._last_used_s > WARM_AFTER_IDLE_S:
-            await self.warm_up()
+        await self._warmth.ensure()
         shape = self.shape(params)
         # The JSON body exactly as it goes on the wire (vLLM's extensions beside the OpenAI fields).
         request: dict[str, Any] = {
@@ -447,7 +450,7 @@ class OpenAICompatBackend:
         The post returns once the response headers arrived: every failure after that is
         mid-reply (the connection lost, the read timeout, a malformed or unfinished stream).
         """
-        self._last_used_s = time.monotonic()
+        self._warmth.used()
         try:
             # The SDK's transport, SSE decoding and errors, but each chunk as plain JSON: typed
             # `create()` builds a pydantic model per chunk (then turned back into a dict), ~0.2 ms
@@ -490,7 +493,7 @@ class OpenAICompatBackend:
                 hint="The text so far is kept. Check that the URL points at an OpenAI-compatible server.",
             ) from None
         finally:
-            self._last_used_s = time.monotonic()
+            self._warmth.used()
             await response_stream.close()
         if not finished:
             raise GenerationFailed(
@@ -580,7 +583,7 @@ class OpenAICompatBackend:
                 await self._client.get("/models", cast_to=object)
         except openai.APIError as error:
             raise self._translate(error) from None
-        self._last_used_s = time.monotonic()  # the pool now holds a fresh connection
+        self._warmth.used()  # the pool now holds a fresh connection
 
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int | None:
         """vLLM's `/tokenize` with the chat template applied; None where the server has no such route."""

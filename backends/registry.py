@@ -16,6 +16,7 @@ from typing import Mapping
 from backends.base import Backend, BackendInfo
 from backends.errors import BackendError, UnknownBackend
 from backends.kinds import Kind, parse_backend_config
+from backends.offloop import off_loop
 from config import BackendConfig, backend_names
 
 
@@ -71,7 +72,9 @@ class Registry:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Registry":
-        return cls({c.name: create_backend(c) for c in backend_configs(env)})
+        """Every configured backend; a remote one talks on the process's backend loop
+        (backends/offloop.py), so its figures are taken where its chunks arrive."""
+        return cls({c.name: off_loop(create_backend(c)) for c in backend_configs(env)})
 
     @property
     def names(self) -> list[str]:

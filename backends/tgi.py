@@ -62,6 +62,8 @@ from backends.base import (
     ignore_unsupported,
 )
 from backends.engine_metrics import TGI_SOURCE, EngineSnapshot, parse_tgi_metrics
+from backends.offloop import trace_requests
+from backends.warmth import IdleWarmth
 from backends.errors import (
     BackendError,
     BackendTimeout,
@@ -258,9 +260,10 @@ class TGIBackend:
             base_url=self.url,
             timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
             headers=headers,
+            event_hooks={"request": [trace_requests]},  # when each request left (backends/offloop.py)
         )
         self._template = _compile_template(options["chat_template"], config) if options["chat_template"] else None
-        self._last_used_s = float("-inf")
+        self._warmth = IdleWarmth(lambda: self.warm_up(), WARM_AFTER_IDLE_S)
 
     # ------------------------------------------------------------ streaming
 
@@ -287,8 +290,7 @@ class TGIBackend:
             }
             sent = dict(fields)
             reason = "is not supported by TGI's Messages API (TGI_ROUTE=generate sends top-k and repetition penalty)"
-        if time.monotonic() - self._last_used_s > WARM_AFTER_IDLE_S:
-            await self.warm_up()
+        await self._warmth.ensure()
         notes.append("settings left empty are not sent: TGI's own defaults apply")
         return PreparedRequest(
             messages=tuple(messages), params=params, model=self.adapter_id or NO_ADAPTER_MODEL, sent=sent,
@@ -300,7 +302,7 @@ class TGIBackend:
     async def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
         """Send the prepared request on the kept client; the HTTP stream is closed when this ends or is closed."""
         path = ROUTE_PATHS[self.route]
-        self._last_used_s = time.monotonic()
+        self._warmth.used()
         events: int | None = None  # None until the response headers arrived: errors before are not mid-reply
         finished = False
         try:
@@ -334,7 +336,7 @@ class TGIBackend:
         except httpx.HTTPError as error:
             raise self.translate_error(error, path, mid_reply_after=events) from error
         finally:
-            self._last_used_s = time.monotonic()
+            self._warmth.used()
         if not finished:
             final = "its final event (details)" if self.route == "generate" else "a finish_reason or [DONE]"
             raise GenerationFailed(
@@ -441,7 +443,7 @@ class TGIBackend:
         """Return if GET /health answers 200; raise BackendUnavailable with the server's reason otherwise."""
         response = await self._request("GET", "/health")
         if response.status_code == 200:
-            self._last_used_s = time.monotonic()  # the pool now holds a fresh connection
+            self._warmth.used()  # the pool now holds a fresh connection
             return
         if response.status_code != 503:
             self._raise_for_status(response, "/health")

@@ -7,7 +7,11 @@ so their figures agree by construction.
 Definitions (the names follow `vllm bench serve`; `chainlit.md` maps them to
 GuideLLM's and GenAI-Perf/AIPerf's, which use the same words differently):
 - the clock starts just before the request is sent (first iteration of the
-  prepared request's stream; all lookups happened before, in `prepare`);
+  prepared request's stream; all lookups happened before, in `prepare`), and
+  every time is taken where the event happened, not when the app's busy loop
+  got to it: a remote backend's chunks are stamped on arrival on its own loop
+  (backends/offloop.py: `StreamChunk.arrived_at_s`, and the first chunk's
+  `request_sent_at_s` re-bases the start), the embedded model's on its thread;
 - first byte = the first event from the server of any kind (an OpenAI
   server's empty role chunk counts; a local queue status does not);
 - TTFT (time to first token) = arrival of the first chunk that carries a
@@ -191,10 +195,21 @@ class StreamMeter:
         self._started_at_unix_s = self._wall_clock()
 
     def observe(self, chunk: StreamChunk, at: float | None = None) -> None:
-        """Record one chunk as it arrives."""
-        now = self._clock() if at is None else at
+        """Record one chunk as it arrives: at `at`, else where it arrived (`chunk.arrived_at_s`, stamped
+        off the app's loop), else now. A first chunk that says when its request left moves the clock's
+        start there (the request left on the backend's own loop, after this meter started)."""
+        if at is not None:
+            now = at
+        elif chunk.arrived_at_s is not None:
+            now = chunk.arrived_at_s
+        else:
+            now = self._clock()
         if self._start is None:
             self.start(now)
+        sent = chunk.request_sent_at_s
+        if sent is not None and self._first_byte_at is None and self._start <= sent <= now:
+            self._started_at_unix_s += sent - self._start
+            self._start = sent
         local_status_only = (chunk.queue_position is not None and not chunk.text and not chunk.token_count
                              and chunk.finish_reason is None and chunk.server_figures is None)
         if chunk.queue_position is not None:

@@ -104,16 +104,20 @@ class PacedServerState:
     waiting: int = 0  # replies waiting for a slot (`Pace.slots`)
     slot_freed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def take_slot(self, slots: int | None) -> None:
-        """Wait for a place among `slots` generating replies (first come, first served by wake-up order)."""
+    async def take_slot(self, slots: int | None) -> bool:
+        """Wait for a place among `slots` generating replies (first come, first served by wake-up order);
+        whether it had to wait."""
         self.waiting += 1
+        waited = False
         try:
             while slots is not None and self.running >= slots:
+                waited = True
                 self.slot_freed.clear()
                 await self.slot_freed.wait()
         finally:
             self.waiting -= 1
         self.running += 1
+        return waited
 
     def free_slot(self) -> None:
         self.running -= 1
@@ -167,6 +171,9 @@ def create_app(pace: Pace) -> Starlette:
         return Response(status_code=200)
 
     async def chat_completions(request: Request) -> Response:
+        # Arrival: when the app hands the request over, before its body is read (with many requests at
+        # once, reading them queues here; the pace counts from arrival, as an engine's TTFT does).
+        arrived_at_s, arrived_loop_s = time.time(), asyncio.get_running_loop().time()
         body = await request.json()
         required = state.pace.require_key
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
@@ -187,7 +194,7 @@ def create_app(pace: Pace) -> Starlette:
         last_user_text = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
         if current.error is not None:
             state.requests.append(RequestLog(number=next(state.numbers), marker="", tokens_planned=0,
-                                             rate_tokens_per_s=current.rate_tokens_per_s, received_at_s=time.time(),
+                                             rate_tokens_per_s=current.rate_tokens_per_s, received_at_s=arrived_at_s,
                                              last_user_text=last_user_text, messages_count=len(messages)))
             return Response(current.error.get("body", ""), status_code=int(current.error.get("status", 500)),
                             media_type=current.error.get("content_type", "text/html"))
@@ -200,7 +207,7 @@ def create_app(pace: Pace) -> Starlette:
         log = RequestLog(
             number=number, marker=f"pacedend{number}x{secrets.token_hex(4)}",
             tokens_planned=planned, rate_tokens_per_s=current.rate_tokens_per_s,
-            received_at_s=time.time(),
+            received_at_s=arrived_at_s,
             last_user_text=last_user_text,
             client_port=request.client.port if request.client else None,
             messages_count=len(messages),
@@ -243,9 +250,10 @@ def create_app(pace: Pace) -> Starlette:
             holding = False
             try:
                 yield _sse(chunk({"role": "assistant", "content": ""}, 0))
-                await state.take_slot(current.slots)
+                waited = await state.take_slot(current.slots)
                 holding = True
-                start = loop.time() + current.first_token_s
+                # From arrival; a reply that waited for a slot starts counting when it got one.
+                start = (loop.time() if waited else arrived_loop_s) + current.first_token_s
                 interval_s = 1.0 / current.rate_tokens_per_s
                 for index, token in enumerate(tokens):
                     if index == current.stall_after_tokens:

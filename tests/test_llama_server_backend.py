@@ -56,7 +56,7 @@ def test_the_kind_is_configured_by_its_name_and_aliases_with_its_own_port_and_la
     assert {c.kind for c in configs.values()} == {"llamacpp_server"}
     assert configs["llamacpp_server"].base_url == "http://127.0.0.1:8081/v1"
     assert configs["llama-server"].label == "llama.cpp server" and configs["box"].label == "box"
-    assert isinstance(Registry.from_env({"BACKENDS": "llama_server"}).get("llama_server"), LlamaServerBackend)
+    assert isinstance(Registry.from_env({"BACKENDS": "llama_server"}).get("llama_server").inner, LlamaServerBackend)
 
 
 def test_every_sampling_setting_is_sent_explicitly_neutral_where_the_panel_left_it_empty():

@@ -4,6 +4,7 @@ import pytest
 
 from backends.errors import UnknownBackend
 from backends.llamacpp import LlamaCppBackend
+from backends.offloop import OffLoopBackend
 from backends.openai_compat import OpenAICompatBackend
 from backends.registry import Registry
 from backends.tgi import TGIBackend
@@ -13,9 +14,10 @@ from tests.fixtures_app import closed_loopback_port
 def test_built_from_env_in_order_with_one_class_per_kind():
     registry = Registry.from_env({})
     assert registry.names == ["llama_cpp", "vllm", "tgi"]
-    assert isinstance(registry.get("llama_cpp"), LlamaCppBackend)
-    assert isinstance(registry.get("vllm"), OpenAICompatBackend)
-    assert isinstance(registry.get("tgi"), TGIBackend)
+    assert isinstance(registry.get("llama_cpp"), LlamaCppBackend)  # in process: not wrapped
+    # A remote backend talks on the backend loop (backends/offloop.py): the wrapper holds the kind's class.
+    assert isinstance(registry.get("vllm"), OffLoopBackend) and isinstance(registry.get("vllm").inner, OpenAICompatBackend)
+    assert isinstance(registry.get("tgi"), OffLoopBackend) and isinstance(registry.get("tgi").inner, TGIBackend)
     # Each backend answers what its kind declares; callers never compare kind names.
     assert [backend.in_process for backend in registry] == [True, False, False]
 

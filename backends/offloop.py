@@ -1,0 +1,266 @@
+"""Remote backends talk on a loop of their own, so a busy app cannot add its delay to an engine's figure.
+
+Chainlit serves every session on one asyncio loop. When a class sends at once, that loop is busy
+(sockets, the database, drawing), and a chunk that reached the app waits until the loop gets to it:
+a time taken then charges the app's own queueing to the engine (measured: TTFT shown +350 ms over
+the truth at p99 with 30 students at once). So every call to a remote backend runs on one other
+asyncio loop, in one daemon thread per process (`IoLoop`): its requests leave there and its chunks
+arrive there, and each chunk is stamped where it arrived (`StreamChunk.arrived_at_s`,
+`time.perf_counter`), the first one also with when its request left (`request_sent_at_s`), before
+it is handed to the app's loop. core.timing measures by those stamps.
+
+When a request left is taken just before its first byte is written to the socket: the HTTP clients of
+the remote kinds trace their requests (`trace_requests`, httpcore's own trace extension) and the
+pump reads the stamp of its stream's request (a context variable). Building the request (the SDK's
+options, headers, JSON) happens before, on the app's side of the measurement, as the paced test
+server showed: with 60 requests at once, building them put +45 ms of the app into the TTFT.
+
+That thread needs the interpreter's lock only to read and parse, so its stamps can be late by the
+interpreter's switch interval while the app's thread runs Python, not by the app's backlog.
+
+`OffLoopBackend` wraps a backend so that this holds for every call: each coroutine method runs on
+that loop (the backend's HTTP clients and their pools are made and used there only), its `stream()`
+is pumped there (`OffLoopStream`), and everything else (name, label, limits, plain methods) is the
+backend's own. Closing the stream on the app's side (Stop) cancels the pump and closes the
+backend's stream on its loop, and waits until it is closed, as closing the backend's own stream does.
+The embedded engine (in process) is not wrapped: its worker thread stamps its chunks itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import sys
+import threading
+import time
+from collections import deque
+from contextvars import ContextVar
+from dataclasses import replace
+from typing import Any, AsyncIterator, Callable, Coroutine
+
+from backends.base import PreparedRequest, StreamChunk
+
+THREAD_NAME = "lab-backend-io"
+SWITCH_INTERVAL_S = 0.001
+
+
+class IoLoop:
+    """One asyncio loop in a daemon thread, started on first use, shared by every remote backend."""
+
+    def __init__(self, name: str = THREAD_NAME) -> None:
+        self.name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                started = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(started.set)
+                    loop.run_forever()
+
+                threading.Thread(target=run, name=self.name, daemon=True).start()
+                started.wait()
+                self._loop = loop
+                # A thread that waits on sockets gets the interpreter back within this long of asking,
+                # not the default 5 ms (each wait would add it to a stamp while the app's thread runs).
+                sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+            return self._loop
+
+    def submit(self, coroutine: Coroutine) -> concurrent.futures.Future:
+        """Run `coroutine` on this loop; its concurrent future (cancelling it cancels the task there)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    async def call(self, coroutine: Coroutine) -> Any:
+        """Await `coroutine` run on this loop, from another loop; cancelling the caller cancels it there."""
+        return await asyncio.wrap_future(self.submit(coroutine))
+
+
+# The stream being pumped in this task: where its request's "sent" stamp goes (see trace_requests).
+_request_sent: ContextVar[list[float] | None] = ContextVar("request_sent", default=None)
+
+
+async def _stamp_request_sent(event: str, info: dict) -> None:
+    """httpcore's trace callback (async clients need an async one): just before a request's first byte
+    is written, stamp it for its stream (the server cannot see it earlier; a later mark, say its body
+    written, could fall after the server began answering)."""
+    if event.endswith("send_request_headers.started"):
+        holder = _request_sent.get()
+        if holder is not None and not holder:
+            holder.append(time.perf_counter())
+
+
+async def trace_requests(request: Any) -> None:
+    """An httpx (or httpx2) request event hook: trace the request's sending (`_stamp_request_sent`).
+    Give it to every HTTP client a remote backend streams with: `event_hooks={"request": [trace_requests]}`."""
+    request.extensions["trace"] = _stamp_request_sent
+
+
+_shared: IoLoop | None = None
+
+
+def shared_io_loop() -> IoLoop:
+    """This process's one backend loop."""
+    global _shared
+    if _shared is None:
+        _shared = IoLoop()
+    return _shared
+
+
+class _Failed:
+    """The pump's stream raised: the error, to be raised again on the consumer's side."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
+class OffLoopStream:
+    """An async iterator on the consumer's loop over a backend stream pumped on the `IoLoop`.
+
+    The pump starts on the first `__anext__` (the request leaves then, as with the backend's own
+    stream), stamps each chunk as it arrives and queues it; the consumer takes them in order.
+    """
+
+    def __init__(self, io: IoLoop, open_stream: Callable[[], AsyncIterator[StreamChunk]],
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._io = io
+        self._open = open_stream
+        self._clock = clock
+        self._items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+        self._consumer_loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None  # the pump, on the io loop
+        self._started = False
+        self._ended = False
+
+    def __aiter__(self) -> "OffLoopStream":
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        if self._ended:
+            raise StopAsyncIteration
+        if not self._started:
+            self._started = True
+            self._consumer_loop = asyncio.get_running_loop()
+            self._io.loop.call_soon_threadsafe(self._start_pump)
+        while not self._items:
+            waiter = self._consumer_loop.create_future()
+            self._waiter = waiter
+            if self._items:  # it came between the check and the waiter: no wake-up is needed
+                break
+            await waiter
+        item = self._items.popleft()
+        if item is _END:
+            self._ended = True
+            raise StopAsyncIteration
+        if isinstance(item, _Failed):
+            self._ended = True
+            raise item.error
+        return item
+
+    async def aclose(self) -> None:
+        """Cancel the pump and wait until the backend's stream is closed on its loop."""
+        self._ended = True
+        if self._started:
+            await self._io.call(self._stop())
+
+    # ------------------------------------------------------------ on the io loop
+
+    def _start_pump(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _stop(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+
+    async def _pump(self) -> None:
+        sent: list[float] = []
+        _request_sent.set(sent)  # this task's own context: the transport's trace stamps it
+        stream = self._open()
+        first = True
+        started_at_s = self._clock()
+        try:
+            async for chunk in stream:
+                arrived_at_s = self._clock()
+                if first:
+                    # Where the request's last byte left; a transport that does not trace: the pump's start.
+                    chunk = replace(chunk, arrived_at_s=arrived_at_s,
+                                    request_sent_at_s=sent[0] if sent else started_at_s)
+                    first = False
+                else:
+                    chunk = replace(chunk, arrived_at_s=arrived_at_s)
+                self._put(chunk)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - raised again, whole, on the consumer's side
+            self._put(_Failed(error))
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            try:
+                if aclose is not None:
+                    await aclose()
+            finally:
+                self._put(_END)
+
+    def _put(self, item: object) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            self._consumer_loop.call_soon_threadsafe(_wake, waiter)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class OffLoopBackend:
+    """A remote backend whose every call runs on an `IoLoop` (see the module's docstring).
+
+    Coroutine methods are run there and awaited from the caller's loop; `stream()` is pumped there;
+    any other attribute is the wrapped backend's own. `inner` is the backend itself.
+    """
+
+    def __init__(self, inner: Any, io: IoLoop | None = None) -> None:
+        self.inner = inner
+        self.io = io or shared_io_loop()
+
+    def stream(self, request: PreparedRequest) -> OffLoopStream:
+        return OffLoopStream(self.io, functools.partial(self.inner.stream, request))
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(value):
+            return value
+        io = self.io
+
+        @functools.wraps(value)
+        async def on_io_loop(*args: Any, **kwargs: Any) -> Any:
+            return await io.call(value(*args, **kwargs))
+
+        self.__dict__[name] = on_io_loop  # made once: later lookups find it before __getattr__
+        return on_io_loop
+
+    def __repr__(self) -> str:
+        return f"OffLoopBackend({self.inner!r})"
+
+
+def off_loop(backend: Any, io: IoLoop | None = None) -> Any:
+    """`backend` on the shared backend loop, unless it runs in this process (it stamps its own chunks)."""
+    if getattr(backend, "in_process", False) or isinstance(backend, OffLoopBackend):
+        return backend
+    return OffLoopBackend(backend, io)
