@@ -159,7 +159,7 @@ class LlamaServerBackend(OpenAICompatBackend):
     async def health(self) -> None:
         """GET /health: 200 once the model is loaded, 503 ("Loading model") before."""
         await self._root_get("/health", str)
-        self._last_used_s = time.monotonic()  # the pool now holds a fresh connection
+        self._warmth.used()  # the pool now holds a fresh connection
 
     async def info(self) -> BackendInfo:
         """Model id from /v1/models; context size, build and slots from /props."""

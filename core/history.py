@@ -17,6 +17,17 @@ def estimate_tokens(messages: Sequence[ChatMessage]) -> int:
     return sum(len(m.content) // 3 + 8 for m in messages) + 8
 
 
+# A bound no tokenizer exceeds: a token covers at least one UTF-8 byte of the text, a chat template
+# adds a few tokens per message, and some templates add a default system prompt.
+TEMPLATE_TOKENS_PER_MESSAGE = 16
+TEMPLATE_TOKENS_FIXED = 128
+
+
+def most_tokens(messages: Sequence[ChatMessage]) -> int:
+    """At least as many tokens as `messages` can take once templated, on any tokenizer."""
+    return sum(len(m.content.encode("utf-8")) + TEMPLATE_TOKENS_PER_MESSAGE for m in messages) + TEMPLATE_TOKENS_FIXED
+
+
 @dataclass(frozen=True)
 class FittedPrompt:
     """The messages to send, and what had to give way."""
@@ -43,7 +54,8 @@ async def fit_to_context(
     """
     head = [system] if system and system.content.strip() else []
     turns = list(turns)
-    if not context_length:
+    if not context_length or most_tokens(head + turns) + max_new_tokens <= context_length:
+        # Fits whatever the tokenizer: no count is asked for (a request to the engine before the reply's).
         return FittedPrompt(head + turns, 0, None, max_new_tokens)
 
     async def count(messages: list[ChatMessage]) -> int:

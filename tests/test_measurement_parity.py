@@ -173,8 +173,6 @@ async def test_openai_protocol_requests_reuse_one_kept_connection(kind, backend_
 async def test_connection_idle_past_the_servers_keep_alive_is_reopened_before_the_clock(
         backend_of, paced_openai, monkeypatch):
     """After an idle spell the backend opens a fresh connection in prepare(), not inside the request."""
-    import backends.openai_compat as openai_compat
-
     backend = backend_of("vllm")
     await measure(backend, [ChatMessage("user", "hello")], GenerationParams(max_new_tokens=3))
     warmed = []
@@ -187,7 +185,7 @@ async def test_connection_idle_past_the_servers_keep_alive_is_reopened_before_th
     monkeypatch.setattr(backend, "warm_up", counting_warm_up)
     await backend.prepare([ChatMessage("user", "again")], GenerationParams(max_new_tokens=3))
     assert warmed == []  # just used: the pooled connection is still warm
-    monkeypatch.setattr(openai_compat, "WARM_AFTER_IDLE_S", 0.0)
+    monkeypatch.setattr(backend._warmth, "after_s", 0.0)
     await backend.prepare([ChatMessage("user", "again")], GenerationParams(max_new_tokens=3))
     assert warmed == [True]
 

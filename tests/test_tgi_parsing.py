@@ -140,7 +140,7 @@ def prepared_without_a_server(route: str):
     """A TGI backend whose prepare() needs no server: a local chat template, a connection just used."""
     tgi = TGIBackend(BackendConfig(name="tgi", kind="tgi", label="TGI", base_url="http://127.0.0.1:9",
                                    options={"route": route, "chat_template": "{{ messages[0]['content'] }}"}))
-    tgi._last_used_s = time.monotonic()  # no warm-up request
+    tgi._warmth.used()  # no warm-up request
 
     async def prepare(params: GenerationParams):
         request = await tgi.prepare([ChatMessage("user", "hi")], params)
