@@ -17,7 +17,7 @@ from backends.registry import BackendStatus, Registry
 from config import ChatDefaults, ConfigurationError, backend_names, load_env
 from core.auth import AuthConfig, auth_from_env
 from core.capacity import TeacherSweep
-from core.engines import Simulation
+from core.engines import EngineReadings, Simulation
 from core.notices import Notice
 from core.replica import process_key, replica_id
 from core.settings import load_presets
@@ -43,6 +43,8 @@ class AppState:
     presets: dict[str, str]
     database_url: str | None = None  # None: DATABASE_URL, else the SQLite file
     _statuses: dict[str, tuple[float, BackendStatus]] = field(default_factory=dict)
+    # Each engine's state, read once per interval for every reply and panel (core.engines).
+    readings: EngineReadings = field(default_factory=EngineReadings)
     auth: AuthConfig = field(default_factory=AuthConfig)
     _store: Store | None = None
     storage_problem: str | None = None

@@ -52,6 +52,63 @@ async def take_snapshot(backend: Backend, timeout_s: float = SNAPSHOT_TIMEOUT_S)
     return EngineReading(backend.name, backend.label, snapshot)
 
 
+# One reading per engine per this interval serves every reply and panel of the process (a class of 30
+# replying at once costs the engine one /metrics scrape, not 30, and the app one parse).
+READING_MAX_AGE_S = 0.5
+
+
+class EngineReadings:
+    """The latest reading of each engine's state, shared by every session of this process.
+
+    `reading_now(backend)` is what a reply asks as it starts: a reading at most `max_age_s` old if
+    there is one, else the one being taken (started now if none is): never a wait before the
+    request leaves. `read(backend, max_age_s)` awaits such a reading (the engine panel). A reply shows
+    how old its reading was against when it left (`engine_summary`), since it may be a few hundred
+    ms old, or taken a few ms after.
+    """
+
+    def __init__(self, max_age_s: float = READING_MAX_AGE_S, timeout_s: float = SNAPSHOT_TIMEOUT_S,
+                 clock=time.monotonic) -> None:
+        self.max_age_s = max_age_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._latest: dict[str, tuple[float, EngineReading]] = {}
+        self._taking: dict[str, asyncio.Task] = {}
+
+    def reading_now(self, backend: Backend, max_age_s: float | None = None) -> asyncio.Future:
+        """A future of the backend's reading: done at once with a fresh one, else the one being taken."""
+        latest = self._latest.get(backend.name)
+        limit = self.max_age_s if max_age_s is None else max_age_s
+        if latest is not None and self.clock() - latest[0] <= limit:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(latest[1])
+            return done
+        task = self._taking.get(backend.name)
+        if task is None:
+            task = asyncio.create_task(self._take(backend))
+            self._taking[backend.name] = task
+        return task
+
+    async def read(self, backend: Backend, max_age_s: float | None = None) -> EngineReading:
+        """A reading at most `max_age_s` old (the shared default), taken now if there is none."""
+        return await asyncio.shield(self.reading_now(backend, max_age_s))
+
+    async def _take(self, backend: Backend) -> EngineReading:
+        asked_at = self.clock()
+        try:
+            reading = await take_snapshot(backend, self.timeout_s)
+        finally:
+            self._taking.pop(backend.name, None)
+        self._latest[backend.name] = (asked_at, reading)
+        return reading
+
+
+def reading_age_note(snapshot: EngineSnapshot, request_at_s: float) -> str:
+    """'read 0.2 s before the request' / 'read 0.01 s after': how far the shared reading is from it."""
+    offset_s = snapshot.taken_at_s - request_at_s
+    return f"read {abs(offset_s):.2f} s {'before' if offset_s <= 0 else 'after'} the request"
+
+
 def state_summary(snapshot: EngineSnapshot | None) -> str | None:
     """'3 running · 2 waiting · KV cache 14%' - the engine's state in one line (None: not reported)."""
     if snapshot is None:

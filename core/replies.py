@@ -13,8 +13,10 @@ conversation that goes on. The UI (ui/session_view.py) only implements
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 from backends.base import Backend, ChatMessage, PreparedRequest, display_label
@@ -22,7 +24,7 @@ from backends.engine_metrics import EngineSnapshot
 from backends.errors import BackendError
 from backends.watchdog import watched
 from core.app_state import AppState
-from core.engines import take_snapshot
+from core.engines import reading_age_note, state_summary
 from core.figures import ignored_lines
 from core.history import fit_to_context
 from core.notices import Notice
@@ -39,19 +41,45 @@ ENGINE_STATE_TIMEOUT_S = 1.0
 @dataclass(frozen=True)
 class ReplyPlan:
     """A reply ready to stream: the backend, the prepared request, notices to show first, and
-    the engine's state when it started (running/waiting requests, KV cache), where reported."""
+    the engine's state when it started (running/waiting requests, KV cache), where reported.
+
+    The engine's state is the process's shared reading (core.engines.EngineReadings): one at most
+    a few hundred ms old, or the one being taken as the request leaves; nothing waits for it
+    before the request leaves. `engine_at_start` is it once taken (the stream's end awaits it:
+    `engine_state`), and `engine_summary` says how far from the request it was read."""
 
     backend: Backend
     model: str
     request: PreparedRequest
     notices: tuple[Notice, ...] = ()
-    engine_at_start: EngineSnapshot | None = None
+    engine_reading: asyncio.Future | None = field(default=None, compare=False, repr=False)
     stand_in: str | None = None  # the server stands in for another engine (the TGI-protocol test server)
+    planned_at_s: float = field(default_factory=time.monotonic)  # the clock of EngineSnapshot.taken_at_s
 
     @property
     def label(self) -> str:
         """The backend's name wherever this reply's numbers are shown ("TGI (stand-in)")."""
         return display_label(self.backend.label, self.stand_in)
+
+    @property
+    def engine_at_start(self) -> EngineSnapshot | None:
+        """The engine's state as the request left, once read (None: not read yet, or not reported)."""
+        reading = self.engine_reading
+        if reading is None or not reading.done() or reading.cancelled() or reading.exception() is not None:
+            return None
+        return reading.result().snapshot
+
+    async def engine_state(self, timeout_s: float = ENGINE_STATE_TIMEOUT_S) -> EngineSnapshot | None:
+        """`engine_at_start`, waiting up to `timeout_s` for a reading still being taken."""
+        if self.engine_reading is not None and not self.engine_reading.done():
+            await asyncio.wait([self.engine_reading], timeout=timeout_s)
+        return self.engine_at_start
+
+    def engine_summary(self) -> str | None:
+        """The engine's state in one line, with how far from the request it was read."""
+        snapshot = self.engine_at_start
+        summary = state_summary(snapshot)
+        return None if summary is None else f"{summary} ({reading_age_note(snapshot, self.planned_at_s)})"
 
     def open_stream(self) -> TimedStream:
         """The measured stream under the backend's first-token and stall limits; the request
@@ -101,9 +129,9 @@ async def plan_reply(
     if fitted.max_new_tokens < settings.max_new_tokens:
         notices.append(Notice("capped", {"tokens": fitted.max_new_tokens, "backend": backend.label}))
     model = status.info.model_id if status.info else request.model
-    # Before the clock: what the engine was busy with, so a slow reply can be explained later.
-    engine = (await take_snapshot(backend, ENGINE_STATE_TIMEOUT_S)).snapshot
-    return ReplyPlan(backend, model, request, tuple(notices), engine,
+    # What the engine was busy with, so a slow reply can be explained later: the shared reading,
+    # never a scrape of this reply's own before its request leaves.
+    return ReplyPlan(backend, model, request, tuple(notices), state.readings.reading_now(backend),
                      stand_in=status.info.stand_in if status.info else None)
 
 
@@ -187,6 +215,7 @@ async def answer(state: AppState, session: LabSession, user_text: str, view: Rep
     for notice in plan.notices:
         await view.notice(notice)
     outcome, reply_id = await view.stream(plan)
+    await plan.engine_state()
     not_saved = await state.save_reply(stored_reply(plan, outcome.record, user_text=user_text,
                                                     reply_text=outcome.text, reply_id=reply_id,
                                                     thread_id=thread_id, user_identifier=user))

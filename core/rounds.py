@@ -29,7 +29,6 @@ from core.concurrency import run_together
 from vocabulary import COLUMN_LABELS as LABELS, LOOPBACK_HOSTS, MAX_COLUMNS, MIN_COLUMNS, REVEALS, RUN_ORDERS
 from backends.base import Backend
 from backends.errors import BackendError
-from core.engines import state_summary
 from core.notices import Notice
 from core.replies import Refusal, ReplyPlan, empty_reply_notice
 from core.texts import text
@@ -359,7 +358,7 @@ def _named_column(column: Column, lang: str) -> dict[str, object]:
     request = column.plan.request if column.plan else None
     if column.record is not None and column.finished:
         entry["figures"] = final_props(column.record, lang=lang, request=request,
-                                       engine_at_start=state_summary(column.plan.engine_at_start if column.plan else None))
+                                       engine_at_start=column.plan.engine_summary() if column.plan else None)
     elif column.timed is not None:
         entry["figures"] = live_props(column.timed.live(), backend=column.backend_label, model=column.model,
                                       lang=lang)

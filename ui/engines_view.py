@@ -30,7 +30,7 @@ from core.capacity import APP_PROMPTS, TeacherSweep, app_sweep_settings, listed
 from core.load.article import RunSettings, article_table, hardware_summary, run_benchmark
 from core.load.sweep_report import levels_table, slo_phrase
 from core.load.prompt_sets import load_prompt_set
-from core.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props, take_snapshot
+from core.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props
 from core.app_state import AppState, load_refusal
 from core.notices import Notice
 from core.texts import text
@@ -107,7 +107,7 @@ async def _show_closed(panel: Panel, message: str, *, forget_engines: bool = Fal
 async def _refresh(panel: Panel) -> None:
     state = app_state()
     backends = [state.registry.get(name) for name in panel.backends]
-    readings = await asyncio.gather(*(take_snapshot(backend) for backend in backends))
+    readings = await asyncio.gather(*(state.readings.read(backend) for backend in backends))
     # An engine whose metrics answer is up: ask its status if none is known yet (cached a while).
     stand_ins = await _stand_ins(panel.backends, probe={r.name for r in readings if r.snapshot is not None})
     simulation = state.simulation

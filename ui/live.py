@@ -1,8 +1,10 @@
 """Stream one measured reply into the UI.
 
 Measurement stays per chunk (in `timing`); only rendering is batched:
-- text is coalesced and sent to the browser at most every TEXT_INTERVAL_S,
-  so a backend at hundreds of tokens/s does not leave the browser seconds behind;
+- text goes to the browser as soon as it arrives, then at most every
+  TEXT_INTERVAL_S with whatever came meanwhile: the first text is never held
+  back (a class sees it as soon as a bare Chainlit app would show it), and a
+  backend at hundreds of tokens/s does not leave the browser seconds behind;
 - the metrics element is refreshed at most every METRICS_INTERVAL_S (~10 Hz),
   because each refresh re-mounts it.
 
@@ -15,7 +17,7 @@ as one element, core/rounds.py).
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Awaitable, Callable, Protocol
 
 from backends.base import PreparedRequest, StreamChunk
 from core.figures import final_props, ignored_lines, live_props
@@ -47,7 +49,7 @@ class LiveReply:
         *,
         lang: str = "en",
         request: PreparedRequest | None = None,
-        engine_at_start: str | None = None,
+        engine_at_start: str | Callable[[], Awaitable[str | None]] | None = None,
         text_interval_s: float = TEXT_INTERVAL_S,
         metrics_interval_s: float = METRICS_INTERVAL_S,
     ) -> None:
@@ -61,11 +63,12 @@ class LiveReply:
         self.metrics_interval_s = metrics_interval_s
         self._pending: list[str] = []
         self._shown: list[str] = []
+        self._text_arrived = asyncio.Event()
 
     async def run(self) -> StreamOutcome:
         """Stream to the end, a backend error, or the person's Stop (core.streaming.consume); the
         partial text of a stopped reply stays, and its figures say "stopped"."""
-        renderer = asyncio.create_task(self._render_loop())
+        renderers = [asyncio.create_task(self._text_loop()), asyncio.create_task(self._figures_loop())]
         try:
             outcome = await consume(self.timed, on_chunk=self._take)
         except Stopped as stopped:
@@ -74,16 +77,21 @@ class LiveReply:
             if task is not None:
                 task.uncancel()  # handled here on purpose: the handler goes on to store the reply
         finally:
-            renderer.cancel()
+            for renderer in renderers:
+                renderer.cancel()
         await self._flush_text()
+        engine_at_start = self.engine_at_start
+        if callable(engine_at_start):  # a shared reading, taken while the reply streamed
+            engine_at_start = await engine_at_start()
         self.metrics.props = final_props(outcome.record, lang=self.lang, request=self.request,
-                                         engine_at_start=self.engine_at_start)
+                                         engine_at_start=engine_at_start)
         await self.metrics.update()
         return outcome
 
     def _take(self, chunk: StreamChunk) -> None:
         if chunk.text:
             self._pending.append(chunk.text)
+            self._text_arrived.set()
 
     async def _flush_text(self) -> None:
         if self._pending:
@@ -92,21 +100,23 @@ class LiveReply:
             self._shown.append(batch)
             await self.message.stream_token(batch)
 
-    async def _render_loop(self) -> None:
+    async def _text_loop(self) -> None:
+        # Text that arrives while the browser was just sent some waits one interval, with what else
+        # comes meanwhile; text that arrives after a quiet interval goes at once.
+        while True:
+            await self._text_arrived.wait()
+            self._text_arrived.clear()
+            await self._flush_text()
+            await asyncio.sleep(self.text_interval_s)
+
+    async def _figures_loop(self) -> None:
         # The first drawing waits one interval: the request leaves (and its clock starts) first,
         # so no drawing of ours can sit between the clock starting and the request leaving (the
         # figures already show "starting" from the message's first send).
-        loop = asyncio.get_running_loop()
-        next_metrics = loop.time() + self.metrics_interval_s
         while True:
-            await asyncio.sleep(self.text_interval_s)
-            await self._flush_text()
-            now = loop.time()
-            if now >= next_metrics:
-                self.metrics.props = live_props(
-                    self.timed.live(), backend=self.timed.backend, model=self.timed.model, lang=self.lang,
-                    ignored=ignored_lines(self.request),
-                )
-                await self.metrics.update()
-                next_metrics = now + self.metrics_interval_s
-            # Tokens arriving during the next sleep are batched.
+            await asyncio.sleep(self.metrics_interval_s)
+            self.metrics.props = live_props(
+                self.timed.live(), backend=self.timed.backend, model=self.timed.model, lang=self.lang,
+                ignored=ignored_lines(self.request),
+            )
+            await self.metrics.update()

@@ -22,7 +22,6 @@ from chainlit.chat_context import chat_context
 from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
 from backends.registry import BackendStatus
-from core.engines import state_summary
 from core.app_state import AppState, server_may_be_down
 from core.notices import Notice
 from core.replies import answer
@@ -380,8 +379,12 @@ class ChatReplyView:
         # Marked with this process until it ends (the update below replaces the metadata).
         message.metadata = await app_state().in_flight_mark()
         await message.send()
+        async def engine_at_start() -> str | None:
+            await plan.engine_state()
+            return plan.engine_summary()
+
         outcome = await LiveReply(plan.open_stream(), message, metrics, lang=self.lang, request=plan.request,
-                                  engine_at_start=state_summary(plan.engine_at_start)).run()
+                                  engine_at_start=engine_at_start).run()
         # The per-chunk timeline is in the database (and in the figures element), not on every message.
         message.metadata = {"record": outcome.record.as_dict(), "sent": dict(plan.request.sent)}
         await message.update()
