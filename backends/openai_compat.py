@@ -82,6 +82,10 @@ PLACEHOLDER_API_KEY = "not-needed"
 # Servers close idle keep-alive connections (uvicorn, so vLLM: after 5 s); a connection idle
 # longer than this is reopened in prepare() rather than inside the measured request.
 WARM_AFTER_IDLE_S = 3.0
+# The SDK's own pool limits, but a pooled connection is dropped after WARM_AFTER_IDLE_S idle, before the
+# server's keep-alive (uvicorn's 5 s) can close it under a request: a class sending again 5 s after its
+# last replies had 3 of 30 requests fail "Server disconnected without sending a response".
+POOL_LIMITS = {"max_connections": 1000, "max_keepalive_connections": 100, "keepalive_expiry": WARM_AFTER_IDLE_S}
 QUOTE_LIMIT = 200  # characters of a malformed line or chunk quoted in an error
 _CHAT_PATH = "/chat/completions"
 # The SDK's stream (SSE decoding, `[DONE]`, in-band errors, timeouts as its exceptions) yielding each
@@ -368,7 +372,8 @@ class OpenAICompatBackend:
             max_retries=0,
             timeout=openai.Timeout(config.timeout_s, connect=config.connect_timeout_s),
             # The SDK's own defaults, with each request's sending traced (when it left: backends/offloop.py).
-            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [trace_requests]}),
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [trace_requests]},
+                                                       limits=httpx2.Limits(**POOL_LIMITS)),
         )
         self._served_models: list[dict[str, Any]] | None = None
         self._warmth = IdleWarmth(lambda: self.warm_up(), WARM_AFTER_IDLE_S)

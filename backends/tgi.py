@@ -261,6 +261,8 @@ class TGIBackend:
             timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
             headers=headers,
             event_hooks={"request": [trace_requests]},  # when each request left (backends/offloop.py)
+            # Dropped after WARM_AFTER_IDLE_S idle, before the server's keep-alive can close one under a request.
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=WARM_AFTER_IDLE_S),
         )
         self._template = _compile_template(options["chat_template"], config) if options["chat_template"] else None
         self._warmth = IdleWarmth(lambda: self.warm_up(), WARM_AFTER_IDLE_S)

@@ -169,6 +169,7 @@ class RoundRun:
         self.tick_s = tick_s
         self.stopped = False
         self._changed = asyncio.Event()
+        self._first_text = asyncio.Event()  # a column's first text: drawn at once, not at the next tick
 
     async def run(self) -> None:
         """Prepare and stream every column to its end, error or Stop (cancellation), then return.
@@ -225,10 +226,13 @@ class RoundRun:
         timed = column.plan.open_stream()
         column.timed = timed
         column.state = "streaming"
+        self._changed.set()
 
         def take(chunk) -> None:
             column.tokens = timed.meter.output_tokens
             if chunk.text:
+                if not column.parts:
+                    self._first_text.set()
                 column.parts.append(chunk.text)
                 column.part_tokens.append(column.tokens)
                 self._changed.set()
@@ -245,11 +249,21 @@ class RoundRun:
         self._changed.set()
 
     async def _render_loop(self) -> None:
+        # Drawn when something changed, then at most once per tick with what came meanwhile, except a
+        # column's first text, which is drawn at once (a class sees it when a bare app would show it).
+        # While a column streams it is drawn every tick (its live figures move even without text).
         while True:
-            await asyncio.sleep(self.tick_s)
-            if self._changed.is_set() or any(c.state == "streaming" for c in self.columns):
-                self._changed.clear()
-                await self.render()
+            await self._changed.wait()
+            self._changed.clear()
+            self._first_text.clear()
+            await self.render()
+            try:
+                async with asyncio.timeout(self.tick_s):
+                    await self._first_text.wait()
+            except TimeoutError:
+                pass
+            if any(c.state == "streaming" for c in self.columns):
+                self._changed.set()
 
 
 # ---------------------------------------------------------------- what the browser receives

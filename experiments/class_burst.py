@@ -362,7 +362,9 @@ async def burst(app: App, server: PacedServer, students: int, columns: int,
     for index, tab in enumerate(tabs):
         markers = [reply for reply in tab.replies.values() if reply.marker]
         if len(markers) != columns:
-            phase.failures.append(f"tab {index}: {len(markers)} of {columns} replies ended with their marker")
+            seen = "; ".join(f"{r.key[:8]}: {r.text[:300]!r}" for r in tab.replies.values()) or "no reply"
+            phase.failures.append(f"tab {index}: {len(markers)} of {columns} replies ended with their marker "
+                                  f"({'done' if tab.done.is_set() else 'not done'}; {seen})")
         for reply in markers:
             truth = log.get(reply.marker)
             if truth is None or truth.get("first_token_sent_at_s") is None:
