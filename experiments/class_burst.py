@@ -234,6 +234,19 @@ class App:
             total += times.user + times.system
         return total
 
+    def thread_cpu_s(self) -> dict[str, float]:
+        """CPU seconds so far of the app's event loop (its main thread) and of its other threads (the
+        backend loop, database and file threads; Python does not name them to the OS). Threads that
+        ended count only in `cpu_s`."""
+        try:
+            threads = psutil.Process(self.pid).threads()
+        except psutil.NoSuchProcess:
+            return {}
+        totals = {"event loop": 0.0, "other threads": 0.0}
+        for thread in threads:
+            totals["event loop" if thread.id == self.pid else "other threads"] += thread.user_time + thread.system_time
+        return totals
+
     def stop(self) -> None:
         self.process.stop()
         if self.workdir is not None:
@@ -306,6 +319,7 @@ class Phase:
     request_transit_ms: list[float] = field(default_factory=list)
     reply_transit_ms: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    thread_cpu_s: dict[str, float] = field(default_factory=dict)  # the burst's CPU by kind of thread
 
     @property
     def name(self) -> str:
@@ -337,12 +351,15 @@ async def burst(app: App, server: PacedServer, students: int, columns: int,
         seen = len(server.requests())
         profiler = start_profiler(app, profile_dir, phase)
         cpu_before = app.cpu_s()
+        threads_before = app.thread_cpu_s()
         started = time.time()
         await asyncio.gather(*(tab.send(f"Student {index}: explain time to first token.")
                                for index, tab in enumerate(tabs)))
         await asyncio.wait_for(asyncio.gather(*(tab.done.wait() for tab in tabs)), REPLY_TIMEOUT_S)
         await asyncio.sleep(SETTLE_S)
         phase.cpu_s = app.cpu_s() - cpu_before
+        threads_after = app.thread_cpu_s()
+        phase.thread_cpu_s = {kind: threads_after[kind] - threads_before.get(kind, 0.0) for kind in threads_after}
         phase.wall_s = time.time() - started
         stop_profiler(profiler)
     finally:
@@ -393,7 +410,7 @@ def start_profiler(app: App, profile_dir: Path | None, phase: Phase) -> subproce
         return None
     profile_dir.mkdir(parents=True, exist_ok=True)
     name = f"{phase.students}-students-{phase.columns}-columns"
-    return subprocess.Popen([py_spy, "record", "--pid", str(app.pid), "--nonblocking", "--rate", "250", "--format", "speedscope",
+    return subprocess.Popen([py_spy, "record", "--pid", str(app.pid), "--nonblocking", "--rate", "500", "--format", "speedscope",
                              "-o", str(profile_dir / f"{name}.speedscope.json"), "--subprocesses"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -425,6 +442,10 @@ def print_table(phases: list[Phase]) -> None:
               f"{ms(phase.p(phase.first_text_ms, 50)):>9} / {ms(phase.p(phase.first_text_ms, 99)):<7} "
               f"{ms(phase.p(phase.reply_end_ms, 50)):>8} / {ms(phase.p(phase.reply_end_ms, 99)):<7} "
               f"{shown:>19} {ms(phase.p(phase.ttft_bias_ms, 99)):>9}")
+        if phase.thread_cpu_s and phase.replies:
+            print(f"{'':<34} CPU per reply by thread: " + ", ".join(
+                f"{kind} {seconds * 1000 / phase.replies:.1f} ms"
+                for kind, seconds in sorted(phase.thread_cpu_s.items(), key=lambda item: -item[1]) if seconds > 0))
         if phase.request_transit_ms:
             print(f"{'':<34} where the bias is: request transit p50/p99 "
                   f"{ms(phase.p(phase.request_transit_ms, 50))} / {ms(phase.p(phase.request_transit_ms, 99))} ms "

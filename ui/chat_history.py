@@ -134,15 +134,37 @@ class AppDataLayer(SQLAlchemyDataLayer):
         return None
 
     async def update_thread(self, thread_id: str, name=None, user_id=None, metadata=None, tags=None):
-        """Chainlit's, without its read when nothing is to change and the thread is known to exist
-        (Chainlit calls it before every step it writes)."""
-        nothing_to_change = name is None and user_id is None and metadata is None and tags is None
-        if nothing_to_change and self.known_threads is not None and thread_id in self.known_threads:
+        """Chainlit's upsert of a thread, without reading it first unless metadata is to be merged.
+
+        Chainlit reads the thread (and the user's identifier) before every write to it, also before
+        every step it writes: in a burst each read waited for the history queued before it. Here a
+        thread known to exist and nothing to change is left alone; otherwise one statement inserts it
+        or sets only the fields given (name, owner, tags), never its `createdAt` or `metadata`, and
+        finds the owner's identifier itself. Metadata (the session saved at disconnect) is merged
+        with what is stored, which needs Chainlit's read."""
+        known = self.known_threads
+        if metadata is not None or known is None:
+            result = await super().update_thread(thread_id, name=name, user_id=user_id, metadata=metadata, tags=tags)
+            if known is not None:
+                known.add(thread_id)
+            return result
+        given = {key: value for key, value in (("name", name), ("userId", user_id), ("tags", tags)) if value is not None}
+        if not given and thread_id in known:
             return None
-        result = await super().update_thread(thread_id, name=name, user_id=user_id, metadata=metadata, tags=tags)
-        if self.known_threads is not None:
-            self.known_threads.add(thread_id)  # read and found, or its insert is queued ahead of its steps
-        return result
+        values = {"id": thread_id, "createdAt": await self.get_current_timestamp(), "metadata": {}, **given}
+        columns = list(values)
+        placeholders = [f":{column}" for column in columns]
+        if user_id is not None:  # the owner's identifier, as Chainlit stores it beside the owner's id
+            columns.append("userIdentifier")
+            placeholders.append('(SELECT "identifier" FROM users WHERE "id" = :userId)')
+        updates = ", ".join(f'"{column}" = EXCLUDED."{column}"' for column in columns
+                            if column not in ("id", "createdAt", "metadata"))
+        conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+        await self.execute_sql(
+            f'INSERT INTO threads ({", ".join(chr(34) + c + chr(34) for c in columns)}) '
+            f'VALUES ({", ".join(placeholders)}) ON CONFLICT ("id") {conflict};', values)
+        known.add(thread_id)  # its insert is queued ahead of its steps
+        return None
 
     async def get_thread(self, thread_id: str):
         """The thread as Chainlit reads it, with the replies of app processes that died mid-reply

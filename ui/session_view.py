@@ -387,6 +387,8 @@ class ChatReplyView:
                                   engine_at_start=engine_at_start).run()
         # The per-chunk timeline is in the database (and in the figures element), not on every message.
         message.metadata = {"record": outcome.record.as_dict(), "sent": dict(plan.request.sent)}
+        # The figures were sent and stored final already: Chainlit's update would send and store them again.
+        message.elements = []
         await message.update()
         return outcome, message.id
 
