@@ -49,11 +49,15 @@ except (StoreError, ConfigurationError) as error:  # unavailable, or DATABASE_UR
     def data_layer():
         return None  # else Chainlit would start its own layer on DATABASE_URL, with another schema
 else:
-    from ui.chat_history import chainlit_data_layer
+    from ui.chat_history import chainlit_data_layer, flush_history
 
     @cl.data_layer
     def data_layer():
         return chainlit_data_layer()
+
+    @cl.on_app_shutdown
+    async def on_app_shutdown() -> None:
+        await flush_history()  # the chat history is written in batches: the last one before the app stops
 
 
 # Ahead of Chainlit's catch-all route for its UI, which would otherwise answer it.

@@ -94,6 +94,7 @@ class AppDataLayer(SQLAlchemyDataLayer):
 
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         on_sqlite = self.engine.dialect.name == "sqlite"
+        parameters = {key: without_nul(value) for key, value in parameters.items()}
         parameters = {
             key: json.dumps(value) if isinstance(value, dict) or (on_sqlite and isinstance(value, list)) else value
             for key, value in parameters.items()
@@ -147,6 +148,10 @@ class AppDataLayer(SQLAlchemyDataLayer):
             result = await super().update_thread(thread_id, name=name, user_id=user_id, metadata=metadata, tags=tags)
             if known is not None:
                 known.add(thread_id)
+            if self.writes is not None:
+                # Chainlit saves the session (the settings panel's values) here as a chat is left, often
+                # as the app stops: written now, not a batch window later.
+                await self.writes.flush()
             return result
         given = {key: value for key, value in (("name", name), ("userId", user_id), ("tags", tags)) if value is not None}
         if not given and thread_id in known:
@@ -285,6 +290,15 @@ class HistoryWrites:
                 await self._write([single])
 
 
+async def flush_history() -> None:
+    """Write the history still queued (the app is stopping): Chainlit's data layer, if it is this one."""
+    from chainlit.data import get_data_layer
+
+    layer = get_data_layer()
+    if isinstance(layer, AppDataLayer) and layer.writes is not None:
+        await layer.writes.flush()
+
+
 class _DropMessage(logging.Filter):
     def __init__(self, fragment: str) -> None:
         super().__init__()
@@ -292,6 +306,20 @@ class _DropMessage(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.fragment not in record.getMessage()
+
+
+def without_nul(value: Any) -> Any:
+    """`value` without NUL characters, in its strings and in those of its dicts and lists (JSON documents
+    included): PostgreSQL's text and JSON cannot hold NUL, so a step or thread named by a message that held
+    one would be refused, and with it every step of that chat. Chainlit keeps the raw message as the
+    name of a new chat and the input of its run step; the app's own copy is already cleaned (core.input)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {key: without_nul(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]
+    return value
 
 
 def _decode_sqlite_row(row: dict[str, Any]) -> dict[str, Any]:
