@@ -49,7 +49,7 @@ import itertools
 import json
 import secrets
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -61,6 +61,8 @@ from store.login_attempts import AttemptTable, Failures, LocalAttempts
 
 FIRST_DELAY_S = 1.0  # the first growing delay; each further failure doubles it
 SUSPECT_AFTER_FAILURES = 2  # a pair with this many failures is held by its address's delay too
+# Refusals remembered in a process (the least recently refused forgotten first: then the table decides).
+REMEMBERED_REFUSALS = 10_000
 # Attempts waiting for a hashing turn, per address; beyond it the least urgent is refused (HTTP 429).
 QUEUE_PER_ADDRESS = 100
 
@@ -385,17 +387,26 @@ class LoginLimits:
 
     `secret` keys the table's keys and the device cookies (CHAINLIT_AUTH_SECRET: the same on every
     replica). `table`: `store.login_attempts` (default: this process's own).
+
+    A refusal is remembered here until it ends, and a repeat is refused without asking the table
+    (a flood of refused attempts costs no database work). That can never refuse what the table
+    would admit: a refusal only ends when its time is up (a pair's or an address's wait never
+    shortens, and their failures are forgotten only long after it), for the pair it was given to,
+    and for an address's unknown names (the only attempts sure to be suspect without the table).
+    `clock` must run at the rate of the table's (tests hand both the same one).
     """
 
     def __init__(self, settings: LimitSettings | None = None, *, secret: str,
                  table: AttemptTable | None = None, turns: HashingTurns | None = None,
-                 check_s: float = TYPICAL_CHECK_S) -> None:
+                 check_s: float = TYPICAL_CHECK_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings or LimitSettings()
-        self.table = table if table is not None else LocalAttempts()
+        self.table = table if table is not None else LocalAttempts(clock=clock)
         self.turns = turns or HashingTurns()
         self.devices = DeviceCookies(secret)
         self.typical_check_s = check_s  # how long a password check takes here, kept up to date
+        self.clock = clock
         self._keys = _subkey(secret, b"serving-lab login attempt keys v1")
+        self._refused: OrderedDict[str, tuple[float, str]] = OrderedDict()  # key -> (until, held_by)
 
     def _key(self, *parts: str) -> str:
         return hmac.new(self._keys, json.dumps(parts).encode("utf-8"), hashlib.sha256).hexdigest()
@@ -406,8 +417,27 @@ class LoginLimits:
 
     async def admit(self, name: str, address: str, *, known: bool, device: str | None = None) -> Verdict:
         """Admit the attempt (it counts as a failure until `succeeded`) or refuse it for a while."""
+        pair_key, address_key = self._keys_of(name, address, device)
+        now = self.clock()
+        remembered = [self._refused.get(pair_key)] + ([] if known else [self._refused.get(address_key)])
+        remembered = [(until, held_by) for until, held_by in filter(None, remembered) if until > now]
+        if remembered:
+            until, held_by = max(remembered)
+            return Verdict(False, wait_s=until - now, held_by=held_by)
         rule = partial(judge, settings=self.settings, known=known, device=device is not None)
-        return await self.table.apply(*self._keys_of(name, address, device), rule)
+        verdict = await self.table.apply(pair_key, address_key, rule)
+        if not verdict.admitted:
+            until = self.clock() + verdict.wait_s
+            self._remember(pair_key, until, verdict.held_by)
+            if verdict.held_by == "address":
+                self._remember(address_key, until, "address")
+        return verdict
+
+    def _remember(self, key: str, until: float, held_by: str) -> None:
+        self._refused[key] = (until, held_by)
+        self._refused.move_to_end(key)
+        while len(self._refused) > REMEMBERED_REFUSALS:
+            self._refused.popitem(last=False)
 
     async def succeeded(self, name: str, address: str, device: str | None = None) -> None:
         """The password was right: the pair starts over, the address counts this attempt no more."""

@@ -32,7 +32,7 @@ class Clock:
 
 
 def limits_on(clock: Clock, **settings) -> LoginLimits:
-    return LoginLimits(LimitSettings(**settings), secret=SECRET, table=LocalAttempts(clock=clock))
+    return LoginLimits(LimitSettings(**settings), secret=SECRET, clock=clock)
 
 
 async def test_a_pair_gets_its_free_failures_then_waits_that_double_each_time():
@@ -135,6 +135,41 @@ async def test_attempts_sent_together_cannot_all_pass_before_the_first_fails():
     assert sum(verdict.admitted for verdict in verdicts) == 4
 
 
+class CountingTable(LocalAttempts):
+    """The table in a process, counting how often it is asked."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
+        self.asked = 0
+
+    async def apply(self, pair_key, address_key, rule):
+        self.asked += 1
+        return await super().apply(pair_key, address_key, rule)
+
+
+async def test_a_refusal_is_remembered_until_it_ends_and_only_for_what_it_refused():
+    clock = Clock()
+    table = CountingTable(clock)
+    limits = LoginLimits(LimitSettings(free_failures=2, address_free_failures=3), secret=SECRET, table=table,
+                         clock=clock)
+    for _ in range(3):
+        await limits.admit("alice", "x", known=True)
+    asked = table.asked
+    repeats = [await limits.admit("alice", "x", known=True) for _ in range(50)]  # a flood, refused
+    assert table.asked == asked and not any(v.admitted for v in repeats)
+    assert repeats[-1].wait_s == pytest.approx(1.0) and repeats[-1].held_by == "name"
+    assert (await limits.admit("alice", "y", known=True)).admitted  # another pair: asked, admitted
+    clock.now += 1.0
+    assert (await limits.admit("alice", "x", known=True)).admitted  # its time is up: asked again
+    # An address held for unknown names: they are refused from memory, a known name is still asked.
+    for number in range(3):
+        await limits.admit(f"junk{number}", "nat", known=False)
+    assert (await limits.admit("junk-a", "nat", known=False)).held_by == "address"
+    asked = table.asked
+    assert (await limits.admit("junk-b", "nat", known=False)).held_by == "address" and table.asked == asked
+    assert (await limits.admit("student", "nat", known=True)).admitted and table.asked == asked + 1
+
+
 def test_device_cookies_are_bound_to_a_name_and_to_the_secret():
     cookies = DeviceCookies(SECRET)
     cookie = cookies.issue("alice")
@@ -159,8 +194,9 @@ def test_addresses_are_counted_by_ipv4_and_by_the_ipv6_slash_64():
 
 
 async def test_the_table_in_a_process_is_bounded_by_the_keys_it_remembers():
-    table = LocalAttempts(clock=Clock(), max_keys=100)
-    limits = LoginLimits(LimitSettings(free_failures=1), secret=SECRET, table=table)
+    clock = Clock()
+    table = LocalAttempts(clock=clock, max_keys=100)
+    limits = LoginLimits(LimitSettings(free_failures=1), secret=SECRET, table=table, clock=clock)
     for number in range(1000):
         await limits.admit(f"unknown-{number}", f"10.0.{number // 250}.{number % 250}", known=False)
     assert len(table) == 100
@@ -315,7 +351,7 @@ async def _migrated(postgres_url: str) -> str:
 def _replica(url: str, clock: Clock | None, settings: LimitSettings) -> LoginLimits:
     """What one app process holds: its own engine (pool) on the shared database."""
     table = SharedAttempts(create_engine(url), forget_after_s=settings.pair_forget_s, clock=clock)
-    return LoginLimits(settings, secret=SECRET, table=table)
+    return LoginLimits(settings, secret=SECRET, table=table, **({"clock": clock} if clock else {}))
 
 
 async def test_two_replicas_on_one_postgresql_share_every_count(postgres_url):
