@@ -1,7 +1,7 @@
 """Where failed logins are counted: one table for every replica on PostgreSQL, one per process else.
 
-The rules themselves live in `core.login_limits` (Chainlit-free and store-free: a `judge` and a
-`forgive` function of the records and the time). A table here only keeps the records and applies
+The rules themselves live in `core.login_limits` (pure functions of the records and the time:
+`judge` and `forgive`). A table here only keeps the records and applies
 a rule to them atomically, so two attempts at once (in one process or in two replicas) can never
 both read the same count:
 
@@ -10,7 +10,7 @@ both read the same count:
 - `SharedAttempts`: the `login_attempts` table on PostgreSQL, read and written in one transaction
   per attempt with its rows locked (`SELECT ... FOR UPDATE`, always in key order so two
   transactions cannot deadlock), on the database's clock (replicas on several machines agree on
-  it). N replicas therefore give N times nothing: the counts are the deployment's.
+  it). N replicas do not give N times the tries: the counts are the deployment's.
 - `FallbackAttempts`: the shared table, or the local one while the database does not answer
   within `STORE_TIMEOUT_S` (tried again every `RETRY_SHARED_S`). A database outage neither locks
   everyone out nor lifts the limits: they hold per replica until it is back.
@@ -63,10 +63,8 @@ class Failures:
     not_before_s: float
 
 
-Records = tuple[Failures | None, Failures | None]  # (pair, address)
-# A rule: the two records and the time -> what to answer and the records to keep (None: delete).
+# A rule: the records (pair, address) and the time -> what to answer, and the records to keep (None: delete).
 Judge = Callable[[Failures | None, Failures | None, float], tuple[object, Failures | None, Failures | None]]
-Forgive = Callable[[Failures | None, Failures | None, float], Records]
 
 
 class AttemptTable(Protocol):
