@@ -47,6 +47,7 @@ import hmac
 import ipaddress
 import itertools
 import json
+import math
 import secrets
 import time
 from collections import Counter, OrderedDict
@@ -124,7 +125,7 @@ class LimitSettings:
                 number = int(raw) if whole else float(raw)
             except ValueError:
                 number = None
-            if number is None or number < smallest:
+            if number is None or not math.isfinite(number) or number < smallest:
                 kind = "a whole number" if whole else "a number of seconds"
                 raise ConfigurationError(f"{variable}={raw!r}: give {kind} of at least {smallest:g}, "
                                          "or leave it empty for the default.")

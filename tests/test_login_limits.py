@@ -209,7 +209,8 @@ def test_the_limits_settings_come_from_env_and_a_mistake_names_the_variable():
                                    "LOGIN_ADDRESS_FREE_FAILURES": " 50 ", "LOGIN_ADDRESS_MAX_DELAY_S": "7.5"}) \
         == LimitSettings(free_failures=8, max_delay_s=120, address_free_failures=50, address_max_delay_s=7.5)
     for variable, raw in [("LOGIN_FREE_FAILURES", "0"), ("LOGIN_FREE_FAILURES", "2.5"),
-                          ("LOGIN_MAX_DELAY_S", "0.5"), ("LOGIN_ADDRESS_MAX_DELAY_S", "soon")]:
+                          ("LOGIN_MAX_DELAY_S", "0.5"), ("LOGIN_MAX_DELAY_S", "nan"),
+                          ("LOGIN_ADDRESS_MAX_DELAY_S", "soon"), ("LOGIN_ADDRESS_MAX_DELAY_S", "inf")]:
         with pytest.raises(ConfigurationError, match=f"{variable}='{raw}'"):
             LimitSettings.from_env({variable: raw})
     with pytest.raises(ConfigurationError, match="LOGIN_FAILURES_PER_USER is replaced by LOGIN_FREE_FAILURES"):
