@@ -9,10 +9,10 @@ load simulations. Passwords are never stored: PBKDF2-SHA256 with a random
 salt, compared in constant time.
 
 Logging in never stalls the room: a check (0.13 s of PBKDF2 here) runs in a
-worker thread, at most `HASH_WORKERS` at once (hashlib releases the GIL, so
-the event loop keeps serving every page and stream meanwhile), and
-`LoginLimits` refuses a user name or a client address with too many recent
-failures before any hashing, saying how long to wait.
+worker thread (hashlib releases the GIL, so the event loop keeps serving every
+page and stream meanwhile), at most `HASH_WORKERS` at once, in turns per client
+address, behind limits that slow a guesser without locking anyone out
+(core/login_limits.py).
 """
 
 from __future__ import annotations
@@ -27,18 +27,17 @@ import os
 import secrets
 import sys
 import time
-from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Mapping
 
 from config import ConfigurationError
 
 SCHEME = "pbkdf2_sha256"
 ITERATIONS = 600_000  # OWASP's 2023 figure for PBKDF2-SHA256
 SALT_BYTES = 16
-# Password checks at once, each on a worker thread: one core stays free for the event loop.
+# Password checks at once, each on a worker thread: one core stays free for the event loop
+# (core/login_limits.py's HashingTurns holds them to it).
 HASH_WORKERS = max(1, (os.cpu_count() or 2) - 1)
-_hashing = asyncio.Semaphore(HASH_WORKERS)
 
 
 def _b64(data: bytes) -> str:
@@ -83,6 +82,10 @@ class AuthConfig:
     def enabled(self) -> bool:
         return bool(self.users)
 
+    def knows(self, identifier: str) -> bool:
+        """Whether `identifier` is a user's name."""
+        return identifier in self.users
+
     def check(self, identifier: str, password: str) -> bool:
         hashed = self.users.get(identifier)
         if hashed is None:
@@ -92,72 +95,19 @@ class AuthConfig:
         return verify_password(password, hashed)
 
     async def check_async(self, identifier: str, password: str) -> bool:
-        """`check`, on a worker thread and at most HASH_WORKERS at once: the event loop never hashes."""
-        async with _hashing:
-            return await asyncio.to_thread(self.check, identifier, password)
+        """`check`, on a worker thread: the event loop never hashes (the login route also takes a
+        turn first, core.login_limits.HashingTurns, which bounds how many run at once)."""
+        return await asyncio.to_thread(self.check, identifier, password)
 
     def is_teacher(self, identifier: str | None) -> bool:
         """Without login the one local user is the teacher."""
         return not self.enabled or identifier in self.teachers
 
 
+_started = time.perf_counter()
 _DUMMY_HASH = hash_password("not a real password", salt=b"\0" * SALT_BYTES)
-
-
-class LoginLimits:
-    """Failed logins allowed per user name and per client address within a sliding window.
-
-    An attempt counts as a failure from the moment it starts (so 30 attempts at once for one name
-    cannot all reach the hashing before the first fails); a success forgets that name's failures.
-    Past a limit, `wait_s` says how long until the oldest failure in the window expires. Memory is
-    bounded: at most `max_keys` names and addresses are remembered (the oldest forgotten first).
-    """
-
-    def __init__(self, *, per_user: int = 5, per_address: int = 30, window_s: float = 60.0,
-                 max_keys: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
-        self.per_user = per_user
-        self.per_address = per_address
-        self.window_s = window_s
-        self.max_keys = max_keys
-        self.clock = clock
-        self._users: OrderedDict[str, deque[float]] = OrderedDict()
-        self._addresses: OrderedDict[str, deque[float]] = OrderedDict()
-
-    def wait_s(self, user: str, address: str) -> float | None:
-        """Seconds until `user` from `address` may try again, or None when they may now."""
-        now = self.clock()
-        waits = [self._wait(self._users, user, self.per_user, now),
-                 self._wait(self._addresses, address, self.per_address, now)]
-        waits = [wait for wait in waits if wait is not None]
-        return max(waits) if waits else None
-
-    def begin(self, user: str, address: str) -> None:
-        """An attempt starts: it counts as a failure until `succeeded`."""
-        now = self.clock()
-        for table, key in ((self._users, user), (self._addresses, address)):
-            table.setdefault(key, deque()).append(now)
-            table.move_to_end(key)
-            while len(table) > self.max_keys:
-                table.popitem(last=False)
-
-    def succeeded(self, user: str, address: str) -> None:
-        """The password was right: the name's failures are forgotten, and this attempt's count
-        for the address too."""
-        self._users.pop(user, None)
-        failures = self._addresses.get(address)
-        if failures:
-            failures.pop()
-
-    def _wait(self, table: OrderedDict[str, deque[float]], key: str, limit: int, now: float) -> float | None:
-        failures = table.get(key)
-        if not failures:
-            return None
-        while failures and failures[0] <= now - self.window_s:
-            failures.popleft()
-        if not failures:
-            del table[key]
-            return None
-        return failures[0] + self.window_s - now if len(failures) >= limit else None
+# How long one check takes on this machine (the login limits keep it up to date from real checks).
+TYPICAL_CHECK_S = time.perf_counter() - _started
 
 
 def auth_from_env(env: Mapping[str, str]) -> AuthConfig:

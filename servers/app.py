@@ -5,7 +5,8 @@ repository root with `env` on top of this process's environment (BACKENDS
 etc.; environment variables win over .env), on a free loopback port, polls it
 until its page answers HTTP 200, and returns an `AppServer` to stop it by PID.
 `backend_env` writes one backend's `N_...` variables; `stored` reads what the
-app wrote to its database, the way the app reads it.
+app wrote to its database, the way the app reads it; `client_from` and `log_in`
+log in as the login page does, from a client address of the caller's choosing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 from config import REPO, env_prefix
 from servers.process import PYTHON, ServerProcess, free_port
@@ -58,6 +61,18 @@ def backend_env(name: str, *, kind: str, base_url: str = "", label: str = "", **
     prefix = env_prefix(name)
     values = {"KIND": kind, "BASE_URL": base_url, "LABEL": label, **{k.upper(): v for k, v in more.items()}}
     return {prefix + key: value for key, value in values.items() if value}
+
+
+def client_from(address: str, *, timeout_s: float = 120.0) -> httpx.Client:
+    """An HTTP client whose connections leave from `address`: any 127.x.y.z reaches the app on
+    loopback and is the client address the app sees (uvicorn trusts forwarded headers from
+    127.0.0.1 only, so these are real addresses, not claims). It keeps cookies, as a browser does."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=timeout_s)
+
+
+def log_in(client: httpx.Client, url: str, name: str, password: str) -> httpx.Response:
+    """`POST /login` as the login page sends it (a multipart form)."""
+    return client.post(url + "/login", files={"username": (None, name), "password": (None, password)})
 
 
 def run_coroutine(coroutine):

@@ -9,7 +9,8 @@ and a JSON list on SQLite (ui/chat_history.py bridges what Chainlit sends).
 The app's tables: `replies` (one per streamed answer, with its figures),
 `compare_rounds` + `round_columns` (a compare or blind round and which backend
 each column ran), `votes` (one per person per round, enforced by two unique
-indexes), `capacity_sweeps` (a teacher's sweep from the engine panel) and
+indexes), `capacity_sweeps` (a teacher's sweep from the engine panel), `login_attempts` (failed logins
+counted for the login limits, shared by every replica: store/login_attempts.py) and
 `schema_version` (what `Store.migrate()` has applied).
 
 Changing the schema: bump `SCHEMA_VERSION`. A new table or a new column needs
@@ -43,7 +44,8 @@ from sqlalchemy.types import TypeDecorator
 
 # 2: compare_rounds.revealed_view. 3: compare_rounds.reveal, votes.unrated_reason, one vote per
 # person per round (the unique constraint on round_id becomes two unique indexes). 4: capacity_sweeps.
-SCHEMA_VERSION = 4
+# 5: login_attempts.
+SCHEMA_VERSION = 5
 
 JsonDocument = JSON().with_variant(JSONB(), "postgresql")
 TextList = JSON().with_variant(ARRAY(Text()), "postgresql")
@@ -248,6 +250,19 @@ capacity_sweeps = Table(
     Column("answer_zh", Text, nullable=False),
     Column("summary", JsonDocument, nullable=False),  # core.load.sweep_report.summary_json
     Column("interrupted", Boolean, nullable=False),
+)
+
+# Failed logins, counted per (name, address or browser) and per address (core/login_limits.py has the
+# rules, store/login_attempts.py reads and writes it). Used on PostgreSQL, where replicas share it; on
+# SQLite (one process) it exists and stays empty, the process keeps its own table.
+# `key` is a keyed digest, never a name: people type passwords into the name field by mistake. Times
+# are epoch seconds on the database's clock, the same for every replica.
+login_attempts = Table(
+    "login_attempts", metadata,
+    Column("key", Text, primary_key=True),
+    Column("failures", Integer, nullable=False),
+    Column("last_failure_s", Float, nullable=False, index=True),  # the clean-up deletes by it
+    Column("not_before_s", Float, nullable=False),
 )
 
 schema_version = Table(
