@@ -9,10 +9,17 @@ Registering it with `@cl.data_layer` matters: without it, Chainlit sees
 different schema. The tables come from `Store.migrate()` (or `python -m store init`).
 
 History is as safe from database faults as the app's own rows: every write
-Chainlit's layer makes goes through `execute_sql`, and one the database cannot
-take now waits in the outbox (store/outbox.py), in order with the app's rows,
-until it answers again. Errors are logged by their driver's message only,
-never with the SQL or the row's values.
+Chainlit's layer makes goes through `execute_sql`, its values cleaned of what a
+database refuses (NUL, unpaired surrogates: store/faults.py), and store.faults
+decides what a failure means. One the database cannot take now waits in the
+outbox (store/outbox.py), in order with the app's rows, until it answers again;
+one it refuses for what it holds is set aside in the dead-letter file at once,
+so nothing behind it waits for it. While rows wait (or a read just found the
+database unavailable) reads are not tried: they could not see those rows, and a
+hung database would hold every page load for its timeout. Threads are written as
+changes that never overwrite (`update_thread`, store/history.py) and a person's
+user row as one upsert that collapses while it waits (`create_user`). Errors are
+logged by their driver's message only, never with the SQL or the row's values.
 
 The one module of this package that imports Chainlit.
 """
@@ -21,26 +28,32 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+import uuid
+from typing import Any, Awaitable, Callable
 
 from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
 from chainlit.data.utils import queue_until_user_message
 from chainlit.data.storage_clients.base import BaseStorageClient
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import sessionmaker
 
 from core.replica import process_key
 from core.texts import text as ui_text
-from store.db import create_engine, safe_message, unavailable_reason
+from store.db import WRITE_ERRORS, create_engine, safe_message, write_or_classify
 from store.errors import NotSaved, StoreError
+from store.faults import classify, clean, clean_json_text
+from store.history import apply_thread_change, names_a_change, thread_change
 from store.locks import PROCESS_ALIVE_SPACE, LockKey, lock_holders
-from store.outbox import Outbox, outbox_for
+from store.outbox import Outbox, Refused, Unavailable, outbox_for
 from store.urls import database_url, normalise_url
 
 log = logging.getLogger(__name__)
 WRITE_VERBS = ("INSERT", "UPDATE", "DELETE")
+# After a read found the database unavailable, reads are not tried for this long.
+READ_PAUSE_S = 2.0
+# Parameters Chainlit hands over as JSON text it dumped itself.
+_JSON_TEXT_PARAMETERS = frozenset({"metadata", "generation", "props", "playerConfig", "modes"})
 
 # Columns Chainlit reads back as JSON documents or lists, under the names its queries give them.
 _JSON_RESULT_KEYS = frozenset({
@@ -77,39 +90,108 @@ class AppDataLayer(SQLAlchemyDataLayer):
 
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         on_sqlite = self.engine.dialect.name == "sqlite"
-        parameters = {
-            key: json.dumps(value) if isinstance(value, dict) or (on_sqlite and isinstance(value, list)) else value
-            for key, value in parameters.items()
-        }
-        writing = query.lstrip().split(None, 1)[0].upper() in WRITE_VERBS
-        if writing and self.outbox is not None and self.outbox.waiting:
-            return self._keep(query, parameters, self.outbox.problem or "earlier rows still wait")
+        parameters = self._bind(parameters)
+        verb = query.lstrip().split(None, 1)[0].upper()
+        if verb in WRITE_VERBS:
+            async def work(connection: AsyncConnection) -> int:
+                return (await connection.execute(text(query), parameters)).rowcount
+
+            return await self._write({"sql": query, "parameters": parameters}, work, verb)
+        if self.outbox is not None and self.outbox.unavailable_within(READ_PAUSE_S):
+            return None  # as Chainlit's layer answers a failed read
         try:
             async with self.async_session() as session:
                 async with session.begin():
                     result = await session.execute(text(query), parameters)
                     rows = [dict(row._mapping) for row in result.fetchall()] if result.returns_rows else None
-        except (SQLAlchemyError, OSError, TimeoutError) as error:
-            reason = unavailable_reason(error)
-            if reason is not None and writing and self.outbox is not None:
-                return self._keep(query, parameters, reason)
+        except WRITE_ERRORS as error:
+            fault = classify(error)
+            if fault.transient and self.outbox is not None:
+                self.outbox.note_unavailable(fault.reason)
             # Chainlit's own layer logs and returns None too; here without the SQL or the values.
-            log.warning("chat history: a %s failed: %s", query.lstrip().split(None, 1)[0].upper(), safe_message(error))
+            log.warning("chat history: a %s failed: %s", verb, fault.reason)
             return None
         if rows is None:
             return result.rowcount
         cleaned = self.clean_result(rows)
         return [_decode_sqlite_row(row) for row in cleaned] if on_sqlite else cleaned
 
-    def _keep(self, query: str, parameters: dict, problem: str) -> None:
+    def _bind(self, parameters: dict) -> dict:
+        """Chainlit's parameters as the database takes them: dicts (and lists on SQLite, which has no
+        arrays) as JSON, every text cleaned of what a database refuses (store.faults.clean)."""
+        on_sqlite = self.engine.dialect.name == "sqlite"
+        bound = {}
+        for key, value in parameters.items():
+            if isinstance(value, str):
+                value = clean_json_text(value) if key in _JSON_TEXT_PARAMETERS else clean(value)
+            elif isinstance(value, (dict, list, tuple)):
+                value = clean(value)
+                if isinstance(value, dict) or on_sqlite:
+                    value = json.dumps(value)
+            bound[key] = value
+        return bound
+
+    async def _write(self, entry: dict, work: Callable[[AsyncConnection], Awaitable[Any]], what: str,
+                     key: str | None = None) -> Any:
+        """Write now, or keep `entry` in the outbox (rows wait, or the database did not answer), or set
+        it aside (the database refused it); `key`: see Outbox.put. Returns what `work` returned."""
+        outbox = self.outbox
+        if outbox is not None and outbox.waiting:
+            return self._keep(entry, outbox.problem or "earlier rows still wait", key)
+        try:
+            return await write_or_classify(self.engine, work)
+        except Unavailable as unavailable:
+            if outbox is not None:
+                return self._keep(entry, str(unavailable), key)
+            log.warning("chat history: a %s failed: %s", what, unavailable)
+        except Refused as refused:
+            if outbox is not None:
+                outbox.set_aside(entry, refused.fault)
+            else:
+                log.error("chat history: the database refused a %s: %s", what, refused.fault.reason)
+        return None
+
+    def _keep(self, entry: dict, problem: str, key: str | None = None) -> None:
         """A history write the database cannot take now: it waits in the outbox, in order."""
         try:
-            waiting = self.outbox.put({"sql": query, "parameters": parameters}, problem)
+            waiting = self.outbox.put(entry, problem, key=key)
         except NotSaved as lost:
             log.error("chat history: a write is lost: %s", lost)
             return None
         log.warning("chat history: the database is unavailable (%s); %d row(s) wait to be written", problem, waiting)
         return None
+
+    async def create_user(self, user):
+        """Chainlit's, as one upsert by identifier: kept during an outage, it is written once however
+        many requests of that person asked for it (they collapse in the outbox), and never fails
+        on the identifier another request's upsert wrote first."""
+        parameters = self._bind({"id": str(uuid.uuid4()), "identifier": str(user.identifier),
+                                 "createdAt": await self.get_current_timestamp(),
+                                 "metadata": json.dumps(user.metadata or {})})
+        query = ('INSERT INTO users ("id", "identifier", "createdAt", "metadata") '
+                 'VALUES (:id, :identifier, :createdAt, :metadata) '
+                 'ON CONFLICT ("identifier") DO UPDATE SET "metadata" = EXCLUDED."metadata"')
+
+        async def work(connection: AsyncConnection) -> None:
+            await connection.execute(text(query), parameters)
+
+        await self._write({"sql": query, "parameters": parameters}, work, "INSERT",
+                          key=f"user:{parameters['identifier']}")
+        return await self.get_user(user.identifier)
+
+    async def update_thread(self, thread_id: str, name: str | None = None, user_id: str | None = None,
+                            metadata: dict | None = None, tags: list[str] | None = None) -> None:
+        """Chainlit's, as a change decided against the row when it is written (store/history.py):
+        kept during an outage, it neither resets an existing thread's creation time and metadata
+        nor loses the owner of a chat first created then (the session's login names them)."""
+        change = thread_change(thread_id, created_at=await self.get_current_timestamp(), name=name, user_id=user_id,
+                               user_identifier=None if user_id else _session_user_identifier(),
+                               metadata=metadata, tags=tags)
+
+        async def work(connection: AsyncConnection) -> None:
+            await apply_thread_change(connection, change)
+
+        await self._write({"thread": change}, work, "thread update" if names_a_change(change) else "thread insert")
 
     async def get_thread(self, thread_id: str):
         """The thread as Chainlit reads it, with the replies of app processes that died mid-reply
@@ -176,6 +258,18 @@ class _DropMessage(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.fragment not in record.getMessage()
+
+
+def _session_user_identifier() -> str | None:
+    """The identifier of the person whose session writes (None with login off, or outside a session)."""
+    from chainlit.context import ChainlitContextException, context
+
+    try:
+        user = context.session.user
+    except ChainlitContextException:
+        return None
+    identifier = getattr(user, "identifier", None)
+    return identifier if isinstance(identifier, str) else None
 
 
 def _decode_sqlite_row(row: dict[str, Any]) -> dict[str, Any]:
