@@ -79,11 +79,12 @@ class HeldLock:
         self.held = True  # False from a broken connection until the lock is taken again
         self._keeper: asyncio.Task | None = None
 
-    def keep(self, interval_s: float = KEEP_INTERVAL_S) -> None:
-        """Check the lock's connection every `interval_s` and take the lock again on a new one once
-        it broke (call on the event loop; `release` stops it)."""
+    def keep(self, interval_s: float | None = None) -> None:
+        """Check the lock's connection every `interval_s` (default KEEP_INTERVAL_S) and take the lock
+        again on a new one once it broke (call on the event loop; `release` stops it)."""
         if self._keeper is None or self._keeper.done():
-            self._keeper = asyncio.get_running_loop().create_task(self._keep(interval_s), name=f"lock-keeper {self.name}")
+            self._keeper = asyncio.get_running_loop().create_task(self._keep(interval_s or KEEP_INTERVAL_S),
+                                                                 name=f"lock-keeper {self.name}")
 
     async def _keep(self, interval_s: float) -> None:
         while True:

@@ -599,42 +599,91 @@ async def test_the_outbox_file_is_named_without_the_password_and_a_new_password_
 # ---------------------------------------------------------------- locks after a restart
 
 
-async def test_locks_held_across_a_restart_of_postgresql_are_taken_again(own_postgres, postgres_store):
-    """A replica's alive lock and a load run's lock end with the server's sessions; kept locks are
-    taken again once it is back, and replies written after the restart are saved."""
+async def test_the_apps_locks_are_taken_again_after_a_restart_of_postgresql(own_postgres, postgres_store,
+                                                                           monkeypatch):
+    """A replica's alive lock (its replies in flight are its own) and a load run's lock end with the
+    server's sessions; the app takes both again once it is back, and replies are saved after it."""
+    from core.app_state import LOAD_LOCK_NAME, PROCESS_LOCK_NAME
+    from core.notices import Notice
+    from core.replica import process_key
+    from store import locks
     from store.locks import LOAD_RUN, PROCESS_ALIVE_SPACE, LockKey
+    from tests.fakes import FakeBackend, fake_state
 
-    store, _, _ = postgres_store
-    alive_key = LockKey(PROCESS_ALIVE_SPACE, 424242)
-    alive = await store.try_lock(alive_key, "serving-lab process test")
-    load = await store.try_lock(LOAD_RUN, "serving-lab load test")
-    alive.keep(interval_s=0.5)
-    load.keep(interval_s=0.5)
+    monkeypatch.setattr(locks, "KEEP_INTERVAL_S", 0.5)
+    _, _, url = postgres_store
+    state = fake_state(FakeBackend("a"))
+    state.database_url, state.storage_problem, state._storage_tried = url, None, False
+    state.replica = "replica-under-test"
+    release = asyncio.Event()
+    keys = [LockKey(PROCESS_ALIVE_SPACE, process_key()), LOAD_RUN]
+    expected = {keys[0]: PROCESS_LOCK_NAME + state.replica, keys[1]: LOAD_LOCK_NAME + state.replica}
+    store = await state.storage()
     try:
+        assert (await state.in_flight_mark())["in_flight"]["replica"] == state.replica
+        assert await state.start_load(Notice("simulate_busy", {"users": 2, "backend": "a"}), release.wait()) is None
+        assert await store.lock_holders(keys) == expected
         own_postgres.stop()
         await asyncio.sleep(1.5)
         own_postgres.start()
         deadline = time.monotonic() + 20
         while True:
             try:
-                holders = await store.lock_holders([alive_key, LOAD_RUN])
+                holders = await store.lock_holders(keys)
             except DatabaseUnavailable:
                 holders = {}
-            if len(holders) == 2 or time.monotonic() > deadline:
+            if holders == expected or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)
-        assert holders == {alive_key: "serving-lab process test", LOAD_RUN: "serving-lab load test"}
-        assert alive.held and load.held
+        assert holders == expected
         thread = new_id()
-        deadline = time.monotonic() + 10
         reply = reply_now(thread)
-        try:
-            await store.save_reply(reply)
-        except SavedLater:
-            pass
+        assert await state.save_reply(reply) in (None, Notice("saved_later", {"waiting": 1}))
         await wait_until_written(store, timeout_s=10)
         assert [stored.id for stored in await store.replies_for_thread(thread)] == [reply.id]
     finally:
-        await alive.release()
-        await load.release()
-    assert await store.lock_holders([alive_key, LOAD_RUN]) == {}
+        release.set()
+        await state.load_task
+        await state.end_load(state.load_task)
+        await state._alive.release()
+        await store.aclose()
+
+
+# ---------------------------------------------------------------- a database down at start
+
+
+async def test_a_database_down_at_start_is_tried_again_and_what_waited_is_written(own_postgres, fresh_outboxes,
+                                                                                   monkeypatch):
+    """The app's storage on a database that is down when the process starts (and was never
+    migrated): replies are kept meanwhile, and once it is up the app opens it, creates the tables and
+    writes them, with no restart."""
+    from core import app_state as app_state_module
+    from tests.fakes import FakeBackend, fake_state
+
+    monkeypatch.setattr(app_state_module, "STORAGE_RETRY_FIRST_S", 0.2)
+    monkeypatch.setattr(app_state_module, "STORAGE_RETRY_S", 1.0)
+    url = normalise_url(await new_postgres_database(own_postgres.url))
+    state = fake_state(FakeBackend("a"))
+    state.database_url, state.storage_problem, state._storage_tried = url, None, False
+    thread = new_id()
+    own_postgres.stop()
+    try:
+        waiting_store = await state.storage()
+        assert waiting_store is not None and "Cannot open the database" in state.storage_problem
+        kept = [reply_now(thread), reply_now(thread)]
+        for reply in kept:
+            notice = await state.save_reply(reply)
+            assert notice is not None and notice.key == "saved_later", notice
+    finally:
+        own_postgres.start()
+    deadline = time.monotonic() + 30
+    while state.storage_problem is not None or (await state.storage()).outbox.waiting:
+        assert time.monotonic() < deadline, f"storage still unavailable: {state.storage_problem}"
+        await asyncio.sleep(0.2)
+    store = await state.storage()
+    try:
+        assert store is not waiting_store
+        assert [reply.id for reply in await store.replies_for_thread(thread)] == [reply.id for reply in kept]
+        assert await state.save_reply(reply_now(thread)) is None  # and new ones go straight in
+    finally:
+        await store.aclose()
