@@ -40,7 +40,7 @@ from sqlalchemy.orm import sessionmaker
 
 from core.replica import process_key
 from core.texts import text as ui_text
-from store.db import WRITE_ERRORS, create_engine, safe_message, write_or_classify
+from store.db import WRITE_ERRORS, create_engine, write_or_classify
 from store.errors import NotSaved, StoreError
 from store.faults import classify, clean, clean_json_text
 from store.history import apply_thread_change, names_a_change, thread_change
