@@ -24,7 +24,7 @@ from core.auth import current_config  # noqa: E402
 from ui.session_view import guarded  # noqa: E402
 from ui.socket_guard import guard_socket  # noqa: E402
 from config import ConfigurationError, load_env  # noqa: E402
-from store import StoreError  # noqa: E402
+from store import DatabaseUnavailable, StoreError  # noqa: E402
 from store.db import migrate_blocking  # noqa: E402
 
 # Under `chainlit run -w`, every refresh of the live figures writes a file under
@@ -41,14 +41,16 @@ session.start_up()
 try:
     # The tables exist before Chainlit's data layer first touches them (a login reads users).
     migrate_blocking()
-except (StoreError, ConfigurationError) as error:  # unavailable, or DATABASE_URL unusable
-    # The chat works without it; each new chat says that replies are not being kept.
+except DatabaseUnavailable as error:  # down or hung now: history waits for it (core.app_state retries)
+    logging.getLogger(__name__).error("the database does not answer; chat history waits for it: %s", error)
+    HISTORY = True
+except (StoreError, ConfigurationError) as error:  # DATABASE_URL unusable, or a newer schema
     logging.getLogger(__name__).error("storage unavailable, history and votes are off: %s", error)
-
-    @cl.data_layer
-    def data_layer():
-        return None  # else Chainlit would start its own layer on DATABASE_URL, with another schema
+    HISTORY = False
 else:
+    HISTORY = True
+
+if HISTORY:
     from ui.chat_history import chainlit_data_layer, flush_history
 
     @cl.data_layer
@@ -58,6 +60,10 @@ else:
     @cl.on_app_shutdown
     async def on_app_shutdown() -> None:
         await flush_history()  # the chat history is written in batches: the last one before the app stops
+else:
+    @cl.data_layer
+    def data_layer():
+        return None  # else Chainlit would start its own layer on DATABASE_URL, with another schema
 
 
 # Ahead of Chainlit's catch-all route for its UI, which would otherwise answer it.

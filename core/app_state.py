@@ -21,13 +21,16 @@ from core.engines import EngineReadings, Simulation
 from core.notices import Notice
 from core.replica import process_key, replica_id
 from core.settings import load_presets
-from store import SavedLater, Store, StoredReply, StoredSweep, StoreError
+from store import DatabaseUnavailable, SavedLater, Store, StoredReply, StoredSweep, StoreError
 from store.locks import LOAD_RUN, PROCESS_ALIVE_SPACE, HeldLock, LockKey
 
 log = logging.getLogger(__name__)
 
 INFO_CACHE_S = 30.0
-STORAGE_RETRY_S = 30.0  # a database that could not be opened is tried again after this long
+# A database that could not be opened (or migrated) is tried again in the background, first after
+# STORAGE_RETRY_FIRST_S, then twice as long each time up to STORAGE_RETRY_S.
+STORAGE_RETRY_FIRST_S = 1.0
+STORAGE_RETRY_S = 30.0
 STATUS_TIMEOUT_S = 4.0
 # How a replica names the connection that holds the deployment's load lock (see store.locks).
 LOAD_LOCK_NAME = "serving-lab load "
@@ -49,7 +52,9 @@ class AppState:
     _store: Store | None = None
     storage_problem: str | None = None
     _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _storage_failed_at: float = 0.0
+    _storage_tried: bool = False
+    _storage_ready: bool = False  # opened and migrated (else `_store` only keeps writes for later)
+    _storage_retry: asyncio.Task | None = None
     # One load run at a time in the whole deployment - a simulation of N users, a capacity sweep or a
     # /bench - so a classroom cannot multiply the load. The running one's task is kept here until it
     # ends (asyncio itself keeps only a weak reference to a task), with the notice that refuses
@@ -91,21 +96,59 @@ class AppState:
     async def storage(self) -> Store | None:
         """The database (opened and migrated once per process), or None with `storage_problem`
         saying why: the chat keeps working without it, it only cannot keep replies and votes.
-        A database that could not be opened is tried again after STORAGE_RETRY_S."""
+
+        A database that is unavailable at start (stopped, unreachable, hung) is not given up: a
+        store is returned all the same, whose writes wait in the outbox (its reads fail with
+        DatabaseUnavailable, as in any outage), `storage_problem` says why, and the database is
+        tried again in the background until it opens; then it is migrated and what waits is
+        written. None only for a DATABASE_URL this app cannot use or a database migrated by a
+        newer version, which waiting does not change."""
         async with self._store_lock:
-            retry = (self.storage_problem is not None
-                     and time.monotonic() - self._storage_failed_at >= STORAGE_RETRY_S)
-            if self._store is None and (self.storage_problem is None or retry):
-                try:
-                    store = await Store.open(self.database_url)
-                    await store.migrate()
-                except (StoreError, ConfigurationError) as error:  # unavailable, or DATABASE_URL unusable
-                    self.storage_problem = str(error)
-                    self._storage_failed_at = time.monotonic()
-                    log.error("storage unavailable: %s", error)
-                else:
-                    self._store, self.storage_problem = store, None
+            if not self._storage_tried:
+                self._storage_tried = True
+                await self._open_storage()
             return self._store
+
+    async def _open_storage(self) -> None:
+        """Open and migrate the database; on an outage keep a store that waits (see `storage`)."""
+        store: Store | None = None
+        try:
+            store = await Store.open(self.database_url, flush_outbox=False)
+            await store.migrate()
+        except DatabaseUnavailable as error:
+            if store is not None:
+                await store.aclose()
+            self.storage_problem = str(error)
+            log.error("storage unavailable, tried again in the background: %s", error)
+            if self._store is None:
+                self._store = Store.waiting(self.database_url)
+            self._retry_storage()
+            return
+        except (StoreError, ConfigurationError) as error:  # DATABASE_URL unusable, or a newer schema
+            if store is not None:
+                await store.aclose()
+            self.storage_problem = str(error)
+            log.error("storage unavailable: %s", error)
+            return
+        waiting, self._store = self._store, store
+        self.storage_problem, self._storage_ready = None, True
+        store.start_outbox()  # after the migration: no waiting row before its table
+        if waiting is not None:
+            await waiting.aclose()
+            log.warning("storage: the database answers again; rows kept meanwhile are being written")
+
+    def _retry_storage(self) -> None:
+        if self._storage_retry is None or self._storage_retry.done():
+            self._storage_retry = asyncio.get_running_loop().create_task(self._keep_trying_storage(),
+                                                                        name="storage-retry")
+
+    async def _keep_trying_storage(self) -> None:
+        delay = STORAGE_RETRY_FIRST_S
+        while not self._storage_ready and self.storage_problem is not None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STORAGE_RETRY_S)
+            async with self._store_lock:
+                await self._open_storage()
 
     async def save_reply(self, reply: StoredReply) -> Notice | None:
         """Store one reply; None when it is in the database, else what the person should be told:
@@ -159,6 +202,8 @@ class AppState:
         store = await self.storage()
         if store is None or not store.shared_locks:
             return {}
+        if self._alive is None and store.outbox is not None and store.outbox.unavailable_within(STORAGE_RETRY_S):
+            return {}  # the database was unavailable just now: a reply does not wait for its timeout
         async with self._alive_lock:
             if self._alive is None:
                 try:
@@ -167,6 +212,8 @@ class AppState:
                 except StoreError as error:
                     log.warning("replies are not marked in flight (database unavailable): %s", error)
                     return {}
+                if self._alive is not None:
+                    self._alive.keep()  # taken again after a restart of the database
             if self._alive is None:
                 return {}
         return {"in_flight": {"replica": self.replica, "process": process_key()}}
@@ -207,6 +254,8 @@ class AppState:
                     except StoreError:
                         holder = None
                     return _elsewhere(holder) or Notice("load_elsewhere", {"replica": "?"})
+            if held is not None:
+                held.keep()  # taken again after a restart of the database, while the run goes on
             self._held_load = held
         self.load_task = asyncio.current_task() if run is None else asyncio.create_task(run)
         self.load_notice = notice

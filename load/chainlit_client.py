@@ -443,9 +443,11 @@ class ChainlitClient:
             raise ChatFailed(f"the app did not answer {event} within {timeout_s:.0f} s")
         return self.tracker.other_messages[seen]
 
-    def send(self, text: str) -> ReplyRecord:
-        """Send a message as the browser does; the returned record fills in as the reply arrives."""
+    def send(self, text: str, **forged: Any) -> ReplyRecord:
+        """Send a message as the browser does (`forged`: step fields a script could set instead, for
+        tests); the returned record fills in as the reply arrives."""
         payload = user_message(text, self.base_url + "/")
+        payload["message"].update(forged)
         with self._changed:
             record = self.tracker.start_reply(text, payload["message"]["id"], self.clock())
             if self.events is not None:
@@ -465,9 +467,9 @@ class ChainlitClient:
                 self.tracker.give_up("timeout", self.clock())
         return record
 
-    def ask(self, text: str, timeout_s: float) -> ReplyRecord:
+    def ask(self, text: str, timeout_s: float, **forged: Any) -> ReplyRecord:
         """Send and wait for the full reply."""
-        self.send(text)
+        self.send(text, **forged)
         return self.wait_reply(timeout_s)
 
     def close(self) -> None:

@@ -4,7 +4,7 @@ Debian's PostgreSQL binaries run a fresh cluster in a temp dir, listening on
 127.0.0.1 on a free port (its unix socket lives in the temp dir too), with
 password authentication over TCP. The server runs as the `postgres` system user
 when started as root (PostgreSQL refuses root). It is stopped by PID (fast
-shutdown) and its dir removed. `url` points at the `postgres` database;
+shutdown) and its dir removed; `pause`/`resume` freeze it in place (a hung server). `url` points at the `postgres` database;
 `new_postgres_database` makes more.
 
     python -m servers.postgres       # prints DATABASE_URL=..., serves until Ctrl-C / SIGTERM
@@ -84,6 +84,7 @@ class PostgresCluster:
         self.port = free_port()
         self.max_connections = max_connections
         self.server: ServerProcess | None = None
+        self.paused = False
         password_file = self.root / "password"
         password_file.write_text(POSTGRES_PASSWORD + "\n")
         if self.owner is not None:
@@ -113,8 +114,36 @@ class PostgresCluster:
 
     def stop(self) -> None:
         if self.server is not None:
+            self.resume()  # a paused server would not hear its shutdown
             _stop(self.server)
             self.server = None
+
+    def pause(self) -> None:
+        """Freeze the server and every process it started (SIGSTOP): a hung database. The kernel
+        still accepts connections on its port; nothing answers on them, old or new."""
+        for process in self._processes():
+            process.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """Undo `pause` (SIGCONT)."""
+        if self.paused:
+            for process in reversed(self._processes()):
+                process.send_signal(signal.SIGCONT)
+            self.paused = False
+
+    def _processes(self) -> list:
+        """The started process and its descendants (PostgreSQL's backends are session leaders of
+        their own, so a signal to the process group misses them)."""
+        import psutil
+
+        if self.server is None or self.server.process is None:
+            return []
+        try:
+            root = psutil.Process(self.server.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
 
     def remove(self) -> None:
         self.stop()

@@ -13,6 +13,7 @@ from store.errors import (
     DatabaseUnavailable,
     NotSaved,
     RoundNotFound,
+    RowRefused,
     SavedLater,
     SchemaTooNew,
     StoreError,
@@ -26,7 +27,7 @@ from store.urls import database_url, mask_password, normalise_url
 
 __all__ = [
     "SCHEMA_VERSION", "ColumnReply", "CompareRound", "ConfigurationError", "DatabaseUnavailable", "NotSaved",
-    "ReplySpeed", "RoundColumn", "RoundNotFound", "SavedLater", "SchemaTooNew", "Store", "StoreError", "StoredReply", "StoredSweep",
+    "ReplySpeed", "RoundColumn", "RoundNotFound", "RowRefused", "SavedLater", "SchemaTooNew", "Store", "StoreError", "StoredReply", "StoredSweep",
     "Vote", "VoteLimitReached", "VoteRecord", "VoteRejected", "check_vote", "database_url", "mask_password",
     "names_in_comment", "normalise_url",
 ]

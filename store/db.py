@@ -12,6 +12,7 @@ Nothing here imports Chainlit.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -22,23 +23,33 @@ from urllib.parse import quote
 
 from sqlalchemy import event, func, insert, inspect, select, text, update
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn
 
 from store import schema
 from store.locks import HeldLock, LockKey, lock_holders, try_lock
-from store.errors import (DatabaseUnavailable, RoundNotFound, SavedLater, SchemaTooNew, StoreError,
-                          VoteLimitReached, VoteRejected)
-from store.outbox import Outbox, Unavailable, outbox_for
+from store.errors import (ConfigurationError, DatabaseUnavailable, RoundNotFound, RowRefused, SavedLater,
+                          SchemaTooNew, StoreError, VoteLimitReached, VoteRejected)
+from store.faults import Fault, classify, clean, first_line, transient_reason
+from store.outbox import Outbox, Refused, Unavailable, outbox_for
 from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, StoredSweep, Vote, VoteRecord,
                            check_vote, utc_now)
 from store.urls import database_url, mask_password, normalise_url
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
-POSTGRES_CONNECT_TIMEOUT_S = 5.0
+# A PostgreSQL that does not answer (stopped, unreachable, hung: a paused server accepts
+# connections and never replies) must cost a write seconds, then the row waits in the outbox;
+# without these a hung server held every request, a blind round's start included, for good.
+CONNECT_TIMEOUT_VARIABLE = "DATABASE_CONNECT_TIMEOUT_S"
+STATEMENT_TIMEOUT_VARIABLE = "DATABASE_STATEMENT_TIMEOUT_S"
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_STATEMENT_TIMEOUT_S = 5.0
+# The client gives up this long after the server's own statement timeout would have answered.
+CLIENT_GRACE_S = 1.0
+# Creating or migrating tables (and waiting for another replica doing so) may take longer.
+MIGRATION_TIMEOUT_S = 120.0
 # Any constant works; it only has to be the same for every process migrating this database.
 _POSTGRES_MIGRATION_LOCK = 7_311_999
 _REASON_CHARS = 160
@@ -56,7 +67,33 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database) if parsed.get_backend_name() == "sqlite" else None
 
 
-def create_engine(url: str, *, immediate_transactions: bool = False, create_file: bool = False) -> AsyncEngine:
+def timeouts_s() -> tuple[float, float]:
+    """(connect, statement) timeouts in seconds, from DATABASE_CONNECT_TIMEOUT_S and
+    DATABASE_STATEMENT_TIMEOUT_S (defaults 5 and 5; a value that is not a positive number is ignored)."""
+    return (_seconds(CONNECT_TIMEOUT_VARIABLE, DEFAULT_CONNECT_TIMEOUT_S),
+            _seconds(STATEMENT_TIMEOUT_VARIABLE, DEFAULT_STATEMENT_TIMEOUT_S))
+
+
+def _seconds(variable: str, default: float) -> float:
+    try:
+        value = float((os.environ.get(variable) or "").strip() or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def postgres_connect_args(statement_timeout_s: float | None = None) -> dict[str, Any]:
+    """asyncpg's connection arguments with every timeout set: connecting, each command on the client
+    (a hung server never answers), and the server's own statement timeout (a live but stuck server
+    cancels the statement itself and says so)."""
+    connect_s, statement_s = timeouts_s()
+    statement_s = statement_timeout_s or statement_s
+    return {"timeout": connect_s, "command_timeout": statement_s + CLIENT_GRACE_S,
+            "server_settings": {"statement_timeout": str(int(statement_s * 1000))}}
+
+
+def create_engine(url: str, *, immediate_transactions: bool = False, create_file: bool = False,
+                  statement_timeout_s: float | None = None) -> AsyncEngine:
     """An async engine for a normalised URL, made so that a fault cannot lose or leak a row.
 
     - Parameters are hidden from every error message (`hide_parameters`): no row's values in a
@@ -66,7 +103,8 @@ def create_engine(url: str, *, immediate_transactions: bool = False, create_file
       store init`), so a file that disappeared under the app is an error, not a new empty database
       or writes into the deleted file's ghost, and a file that became unwritable fails at once.
     - PostgreSQL: a pooled connection is tested before use (`pool_pre_ping`), so a restarted
-      server is reconnected to, and connecting gives up after a few seconds.
+      server is reconnected to; connecting, waiting for a pooled connection and every statement
+      give up after a few seconds (`timeouts_s`; `statement_timeout_s` for a longer one).
     """
     path = sqlite_path(url)
     if path is not None:
@@ -76,8 +114,8 @@ def create_engine(url: str, *, immediate_transactions: bool = False, create_file
         engine = create_async_engine(f"sqlite+aiosqlite:///file:{quote(str(path))}?mode={mode}&uri=true",
                                      hide_parameters=True, poolclass=NullPool)
     else:
-        engine = create_async_engine(url, hide_parameters=True, pool_pre_ping=True,
-                                     connect_args={"timeout": POSTGRES_CONNECT_TIMEOUT_S})
+        engine = create_async_engine(url, hide_parameters=True, pool_pre_ping=True, pool_timeout=timeouts_s()[0],
+                                     connect_args=postgres_connect_args(statement_timeout_s))
     configure_engine(engine, immediate_transactions=immediate_transactions)
     return engine
 
@@ -110,24 +148,19 @@ def configure_engine(engine: AsyncEngine, *, immediate_transactions: bool = Fals
 
 
 def unavailable_reason(error: BaseException) -> str | None:
-    """Why the database did not answer, in words safe to show anyone (the driver's first line, never
-    SQL or values), or None when `error` is not about the database being unavailable."""
-    if isinstance(error, (OperationalError, InterfaceError)):
-        return safe_message(error)
-    if isinstance(error, DBAPIError) and error.connection_invalidated:
-        return safe_message(error)
-    if isinstance(error, (DisconnectionError, PoolTimeout)):
-        return safe_message(error)
-    if isinstance(error, (OSError, asyncio.TimeoutError)):  # refused, unreachable, timed out connecting
-        return f"{type(error).__name__}: {error.strerror or error}" if isinstance(error, OSError) else "timed out"
-    return None
+    """Why the database did not answer, in words safe to show anyone (never SQL or values), or None
+    when `error` is not about the database being unavailable (store.faults decides)."""
+    return transient_reason(error)
 
 
 def safe_message(error: BaseException) -> str:
     """The driver's own message, first line only: SQLAlchemy's text would add the statement."""
-    original = getattr(error, "orig", None) or error
-    first = (str(original).strip().splitlines() or [type(original).__name__])[0]
-    return first[:_REASON_CHARS]
+    return first_line(error)
+
+
+# Everything a write can raise that is about the database or the row, not a bug of the app: the
+# driver's errors, a connection's (OSError, timeouts) and a value the driver cannot encode.
+WRITE_ERRORS = (SQLAlchemyError, OSError, asyncio.TimeoutError, UnicodeError)
 
 
 @asynccontextmanager
@@ -145,15 +178,37 @@ async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         raise DatabaseUnavailable(f"the database is unavailable ({reason})") from error
 
 
+async def write_or_classify(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
+    """Run `work` in one transaction; raise `Unavailable` (wait and retry) or `Refused` (set aside)
+    when it fails, as store.faults classifies the failure. Errors the work raises on purpose
+    (StoreError) pass through."""
+    try:
+        async with engine.begin() as connection:
+            return await work(connection)
+    except StoreError:
+        raise
+    except WRITE_ERRORS as error:
+        fault = classify(error)
+        if fault.transient:
+            raise Unavailable(fault.reason) from error
+        raise Refused(fault) from error
+
+
 # ---------------------------------------------------------------- writes as data (what the outbox keeps)
 
 
 def insert_row(table: str, values: dict[str, Any]) -> dict:
-    return {"table": table, "insert": values}
+    """An INSERT as data, its values cleaned of what a database refuses (store.faults.clean)."""
+    return {"table": table, "insert": _cleaned(values)}
 
 
 def update_rows(table: str, where: dict[str, Any], values: dict[str, Any]) -> dict:
-    return {"table": table, "where": where, "update": values}
+    """An UPDATE as data, its values cleaned like `insert_row`'s."""
+    return {"table": table, "where": where, "update": _cleaned(values)}
+
+
+def _cleaned(values: dict[str, Any]) -> dict[str, Any]:
+    return {column: clean(value) if isinstance(value, (str, dict, list)) else value for column, value in values.items()}
 
 
 async def run_statements(connection: AsyncConnection, statements: Iterable[dict]) -> list[int]:
@@ -171,15 +226,23 @@ async def run_statements(connection: AsyncConnection, statements: Iterable[dict]
 
 
 async def replay(engine: AsyncEngine, entry: dict) -> None:
-    """Write one outbox entry: the app's table statements, or one of Chainlit's SQL statements."""
+    """Write one outbox entry: the app's table statements, one of Chainlit's SQL statements, or a
+    change of a chat's thread row (store.history). Raises `Unavailable` or `Refused` (store.outbox)."""
+    from store.history import apply_thread_change
+
+    async def work(connection: AsyncConnection) -> None:
+        if "statements" in entry:
+            await run_statements(connection, entry["statements"])
+        elif "thread" in entry:
+            await apply_thread_change(connection, entry["thread"])
+        else:
+            await connection.execute(text(entry["sql"]), entry["parameters"])
+
     try:
-        async with transaction(engine) as connection:
-            if "statements" in entry:
-                await run_statements(connection, entry["statements"])
-            else:
-                await connection.execute(text(entry["sql"]), entry["parameters"])
-    except DatabaseUnavailable as unavailable:
-        raise Unavailable(str(unavailable)) from None
+        await write_or_classify(engine, work)
+    except (KeyError, TypeError, ValueError) as malformed:  # an entry no version of the app could write
+        raise Refused(Fault(False, f"not a writable outbox entry ({type(malformed).__name__})",
+                            str(malformed)[:160])) from malformed
 
 
 class Store:
@@ -202,7 +265,8 @@ class Store:
         """Connect to `url` (default: `DATABASE_URL`, else the SQLite file); raise `DatabaseUnavailable`
         if that fails. `create`: a missing SQLite file is made (to be migrated); the running app's
         writes never make one (see `create_engine`). `flush_outbox`: write the rows that wait in the
-        outbox in the background from now on (the app's store; not a one-off migration)."""
+        outbox in the background from now on (a one-off migration does not; the app opens with False,
+        migrates, then calls `start_outbox`, so no waiting row is written before its table exists)."""
         url = normalise_url(url) if url else database_url()
         store: Store | None = None
         try:
@@ -224,9 +288,16 @@ class Store:
                 "Check DATABASE_URL in .env (and that the PostgreSQL server is running, if it is one)."
             ) from error
         if flush_outbox:
-            engine = store._engine
-            store.outbox.start(lambda entry: replay(engine, entry), owner=engine)
+            store.start_outbox()
         return store
+
+    @classmethod
+    def waiting(cls, url: str | None = None) -> "Store":
+        """A store on a database that did not answer when opened: nothing is checked, its writes wait
+        in the outbox while the database is unavailable (its reads raise DatabaseUnavailable), and
+        nothing is written from the outbox (that starts with a store opened and migrated)."""
+        url = normalise_url(url) if url else database_url()
+        return cls(create_engine(url, immediate_transactions=True), url, outbox_for(url))
 
     @property
     def masked_url(self) -> str:
@@ -251,24 +322,42 @@ class Store:
 
     async def _write(self, statements: list[dict],
                      check: Callable[[AsyncConnection, list[int]], Awaitable[None]] | None = None) -> None:
-        """Write `statements` in one transaction; when the database is unavailable (or earlier rows
-        still wait, to keep their order) keep them in the outbox and raise `SavedLater`."""
+        """Write `statements` in one transaction. When the database is unavailable (or earlier rows
+        still wait, to keep their order) keep them in the outbox and raise `SavedLater`; when it
+        refuses them for what they hold, set them aside in the dead-letter file and raise `RowRefused`
+        (nothing waits for them)."""
         outbox = self.outbox
         if outbox is not None and outbox.waiting:
             self._keep(statements, outbox.problem or "earlier rows still wait to be written")
+
+        async def work(connection: AsyncConnection) -> None:
+            counts = await run_statements(connection, statements)
+            if check is not None:
+                await check(connection, counts)
+
         try:
-            async with self._transaction() as connection:
-                counts = await run_statements(connection, statements)
-                if check is not None:
-                    await check(connection, counts)
-        except DatabaseUnavailable as unavailable:
+            await write_or_classify(self._engine, work)
+        except Unavailable as unavailable:
             if outbox is None:
-                raise
-            self._keep(statements, str(unavailable).removeprefix("the database is unavailable "))
+                raise DatabaseUnavailable(f"the database is unavailable ({unavailable})") from unavailable
+            self._keep(statements, str(unavailable))
+        except Refused as refused:
+            dead_letter = None
+            if outbox is not None:
+                outbox.set_aside({"statements": statements}, refused.fault)
+                dead_letter = outbox.dead_letter_path
+            raise RowRefused(refused.fault.reason, str(dead_letter) if dead_letter else None) from refused
 
     def _keep(self, statements: list[dict], problem: str) -> None:
         waiting = self.outbox.put({"statements": statements}, problem)
         raise SavedLater(problem.strip("()"), waiting)
+
+    def start_outbox(self) -> None:
+        """Write the rows that wait in the outbox in the background from now on (once the tables
+        exist: a row written before its table would be refused)."""
+        if self.outbox is not None:
+            engine = self._engine
+            self.outbox.start(lambda entry: replay(engine, entry), owner=engine)
 
     # --- locks across app processes (PostgreSQL) -------------------------
 
@@ -291,12 +380,21 @@ class Store:
     async def migrate(self) -> int:
         """Create missing tables and columns, run pending steps, record the version; returns it.
 
-        Safe to run at every start and from several processes at once.
+        Safe to run at every start and from several processes at once. On PostgreSQL it runs on a
+        connection of its own with a longer statement timeout (MIGRATION_TIMEOUT_S): waiting for
+        another replica's migration, or altering a big table, may take longer than a row's write.
         """
-        async with self._transaction() as connection:
-            if connection.dialect.name == "postgresql":
-                await connection.execute(text(f"SELECT pg_advisory_xact_lock({_POSTGRES_MIGRATION_LOCK})"))
-            return await connection.run_sync(_migrate)
+        engine = self._engine
+        if engine.dialect.name == "postgresql":
+            engine = create_engine(self.url, statement_timeout_s=MIGRATION_TIMEOUT_S)
+        try:
+            async with transaction(engine) as connection:
+                if connection.dialect.name == "postgresql":
+                    await connection.execute(text(f"SELECT pg_advisory_xact_lock({_POSTGRES_MIGRATION_LOCK})"))
+                return await connection.run_sync(_migrate)
+        finally:
+            if engine is not self._engine:
+                await engine.dispose()
 
     async def schema_version(self) -> int | None:
         """The version recorded by `migrate()`, or None if the database was never migrated."""
@@ -453,7 +551,7 @@ class Store:
                     raise _already_voted(vote)
                 if votes_per_day is not None and vote.user_identifier is not None:
                     await _check_daily_cap(connection, vote, votes_per_day)
-                await connection.execute(insert(schema.votes).values(**asdict(vote)))
+                await connection.execute(insert(schema.votes).values(**_cleaned(asdict(vote))))
         except IntegrityError:
             # Another cast passed the check above at the same moment; the unique index chose it.
             async with self._transaction() as connection:
@@ -615,7 +713,7 @@ def migrate_blocking(url: str | None = None) -> int:
     def work() -> None:
         try:
             asyncio.run(run())
-        except StoreError as error:
+        except (StoreError, ConfigurationError) as error:
             outcome["error"] = error
 
     worker = threading.Thread(target=work, name="store-migrate")

@@ -33,6 +33,18 @@ class NotSaved(StoreError):
     """The database is unavailable and the outbox is full: this row is not kept."""
 
 
+class RowRefused(StoreError):
+    """The database refused this row for what it holds (a value it cannot store, a broken
+    constraint): waiting would not help, so it is set aside in the dead-letter file (store/outbox.py)
+    with its reason, and nothing behind it waits for it. The message holds no value of the row."""
+
+    def __init__(self, reason: str, dead_letter_file: str | None) -> None:
+        self.reason = reason
+        self.dead_letter_file = dead_letter_file
+        where = f"set aside in {dead_letter_file}" if dead_letter_file else "logged (no outbox folder to keep it in)"
+        super().__init__(f"not saved: the database refused this row ({reason}); {where}")
+
+
 class SchemaTooNew(StoreError):
     """The database was migrated by a newer version of the app."""
 

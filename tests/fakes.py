@@ -103,5 +103,5 @@ def fake_state(*backends: FakeBackend) -> AppState:
     state = AppState(registry=registry, defaults=ChatDefaults(backend=backends[0].name),
                      presets={"none": ""}, database_url="sqlite:////nonexistent/dir/for/tests.db")
     state.storage_problem = "no database in this test"
-    state._storage_failed_at = float("inf")  # never tried again (see AppState.storage)
+    state._storage_tried = True  # never opened (see AppState.storage)
     return state

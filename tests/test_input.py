@@ -11,7 +11,9 @@ import dataclasses
 import pytest
 
 from core.texts import STRINGS, text
-from core.input import MAX_MESSAGE_CHARS, check_message, remove_control_characters
+from core.input import (MAX_MESSAGE_CHARS, REFUSAL_KEY, check_client_step, check_message, refusal_of,
+                        remove_control_characters)
+from core.notices import Notice
 from core.settings import SessionSettings, SettingsRejected, load_presets
 from config import ChatDefaults
 
@@ -108,11 +110,10 @@ def test_every_input_message_exists_in_both_languages():
 # ---------------------------------------------------------------- why NUL cannot stay
 
 
-async def test_postgresql_cannot_store_nul_but_stores_the_checked_text(postgres_url):
-    """The reason control characters are removed: PostgreSQL's text type has no NUL, and the
-    driver's error is not a StoreError (the app would fail after the reply streamed)."""
-    from sqlalchemy.exc import DBAPIError
-
+async def test_postgresql_stores_the_checked_text_and_marks_a_nul_the_check_never_saw(postgres_url):
+    """PostgreSQL's text type has no NUL: a typed message is cleaned before it is sent (the NUL
+    removed, the rest intact); a NUL that reaches the store another way (a model's reply) is stored
+    as U+FFFD by the store's edge (store.faults.clean) instead of refused, and the reply lost."""
     from store import Store
     from store.urls import normalise_url
     from tests.fixtures_postgres import new_postgres_database
@@ -121,15 +122,71 @@ async def test_postgresql_cannot_store_nul_but_stores_the_checked_text(postgres_
     store = await Store.open(normalise_url(await new_postgres_database(postgres_url)))
     try:
         await store.migrate()
-        with pytest.raises(DBAPIError, match="0x00"):
-            await store.save_reply(dataclasses.replace(make_reply(thread_id=None), prompt="a\x00b"))
         mixed = "\x00".join(INTACT.values())
         checked = check_message(mixed)
-        await store.save_reply(dataclasses.replace(make_reply(thread_id=None), prompt=checked.text_to_send))
-        (stored,) = await store.replies(5)
-        assert stored.prompt == "".join(INTACT.values())
+        await store.save_reply(dataclasses.replace(make_reply(thread_id="typed"), prompt=checked.text_to_send))
+        await store.save_reply(dataclasses.replace(make_reply(thread_id="raw"), prompt="a\x00b"))
+        assert [reply.prompt for reply in await store.replies_for_thread("typed")] == ["".join(INTACT.values())]
+        assert [reply.prompt for reply in await store.replies_for_thread("raw")] == ["a\ufffdb"]
     finally:
         await store.aclose()
+
+
+# ---------------------------------------------------------------- a message step as the browser sends it
+
+
+def browser_step(**fields: object) -> dict:
+    """A `client_message` step as the page builds it (load/chainlit_client.user_message), changed."""
+    from load.chainlit_client import user_message
+
+    return {**user_message("Hello", "http://127.0.0.1:8000/")["message"], **fields}
+
+
+def test_a_browser_step_passes_with_its_own_fields_unchanged():
+    step = browser_step(output="Hello 天空 👍")
+    checked = check_client_step(step)
+    assert checked.refusal is None
+    assert {key: checked.step[key] for key in ("id", "name", "type", "output", "metadata")} == {
+        "id": step["id"], "name": "User", "type": "user_message", "output": "Hello 天空 👍",
+        "metadata": {"location": "http://127.0.0.1:8000/"}}
+
+
+def test_forged_step_fields_of_every_wrong_type_are_dropped_before_anything_is_stored():
+    step = browser_step(name=5, language={"a": 1}, modes=["x"], command=7, parentId=["p"], type="assistant_message",
+                        isError=True, generation={"model": "forged"}, tags=["t"],
+                        metadata={"location": "http://x/", "in_flight": {"process": 1}, "big": "y" * 100_000})
+    checked = check_client_step(step).step
+    assert checked["type"] == "user_message" and checked["metadata"] == {"location": "http://x/"}
+    assert not {"name", "language", "modes", "command", "parentId", "isError", "generation", "tags"} & set(checked)
+
+
+def test_step_fields_over_their_bounds_are_dropped_and_control_characters_removed():
+    checked = check_client_step(browser_step(name="n" * 201, language="py\x00thon", modes={"m": "v" * 101},
+                                             command="c" * 101)).step
+    assert "name" not in checked and "modes" not in checked and "command" not in checked
+    assert checked["language"] == "python"
+    assert check_client_step(browser_step(modes={"chat": "fast"})).step["modes"] == {"chat": "fast"}
+
+
+def test_a_text_over_the_limit_is_not_stored_and_its_refusal_reaches_the_handler():
+    checked = check_client_step(browser_step(output="z" * 200_000))
+    assert checked.step["output"] == ""
+    assert refusal_of(checked.step["metadata"]) == checked.refusal == Notice(
+        "input_too_long", {"length": 200_000, "limit": MAX_MESSAGE_CHARS})
+    assert refusal_of(check_client_step(browser_step(output=["not", "text"])).step["metadata"]).key == "input_not_text"
+
+
+def test_a_refusal_forged_in_the_metadata_does_not_survive_the_check():
+    forged = {REFUSAL_KEY: {"key": "input_too_long", "values": {"length": 1, "limit": 0}}}
+    checked = check_client_step(browser_step(metadata=forged))
+    assert checked.refusal is None and refusal_of(checked.step["metadata"]) is None
+
+
+@pytest.mark.parametrize("step", [None, "text", ["list"], {"output": "no id"}, {"id": 5, "output": "x"},
+                                  {"id": "not-a-uuid", "output": "x"},
+                                  {"id": "a8098c1a-f86e-11da-bd1a-00112444be1e", "output": "uuid1"}])
+def test_what_is_not_a_message_step_is_dropped(step):
+    assert check_client_step(step).step is None
 
 
 # ---------------------------------------------------------------- settings forged over the websocket

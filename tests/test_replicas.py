@@ -34,7 +34,7 @@ async def _database(postgres_url: str) -> str:
 
 def _replica(url: str, name: str) -> AppState:
     state = fake_state(FakeBackend("a"))
-    state.database_url, state.storage_problem, state._storage_failed_at = url, None, 0.0
+    state.database_url, state.storage_problem, state._storage_tried = url, None, False
     state.replica = name
     return state
 

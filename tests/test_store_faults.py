@@ -9,6 +9,7 @@ the database refuses for good is set aside; and no error's text carries SQL or a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -24,7 +25,7 @@ from sqlalchemy import text
 
 from store import DatabaseUnavailable, NotSaved, SavedLater, Store, normalise_url
 from store import outbox as outbox_module
-from ui.chat_history import chainlit_data_layer
+from ui.chat_history import BATCH_WINDOW_S, chainlit_data_layer
 from tests.fixtures_postgres import PostgresCluster, new_postgres_database
 from tests.test_store import T0, make_reply, make_round, new_id
 
@@ -162,9 +163,9 @@ async def test_a_row_the_database_refuses_for_good_is_set_aside_and_the_rest_are
                 await store.save_reply(reply)
     await wait_until_written(store)
     assert len(await store.replies_for_thread(thread)) == 2
-    assert store.outbox.failed == 1
-    failed = store.outbox.path.with_suffix(".failed.jsonl").read_text().splitlines()
-    assert len(failed) == 1 and "IntegrityError" in json.loads(failed[0])["error"]
+    assert store.outbox.set_aside_count == 1
+    failed = store.outbox.dead_letter_path.read_text().splitlines()
+    assert len(failed) == 1 and "IntegrityError" in json.loads(failed[0])["reason"]
 
 
 async def test_rows_kept_before_a_restart_are_written_by_the_next_process(tmp_path, fresh_outboxes):
@@ -285,3 +286,494 @@ class unwritable:
             subprocess.run(["chattr", "-i", str(self.path)], check=True)
         else:
             self.path.chmod(0o644)
+
+
+# ---------------------------------------------------------------- what a failure means (store.faults)
+
+
+async def test_postgresql_failures_are_told_apart_refused_rows_from_an_unavailable_server(own_postgres, fresh_outboxes):
+    """Real driver errors: a NUL, a value of the wrong type and a broken constraint are refused (set
+    aside, never retried); a statement timeout and a stopped server are transient (the row waits)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from store.db import create_engine
+    from store.faults import classify
+
+    url = normalise_url(await new_postgres_database(own_postgres.url))
+    engine = create_engine(url)
+
+    async def failure(statement: str, parameters: dict | None = None, *, first: str | None = None) -> BaseException:
+        try:
+            async with engine.begin() as connection:
+                if first is not None:
+                    await connection.execute(text(first))
+                await connection.execute(text(statement), parameters or {})
+        except (SQLAlchemyError, OSError) as error:
+            return error
+        raise AssertionError(f"{statement} did not fail")
+
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(text("CREATE TABLE t (id text PRIMARY KEY, n integer NOT NULL)"))
+            await connection.execute(text("INSERT INTO t VALUES ('a', 1)"))
+        refused = {
+            "nul": await failure("INSERT INTO t VALUES (:id, 1)", {"id": "x\x00y"}),
+            "wrong type (checked by the driver)": await failure("INSERT INTO t VALUES (:id, 1)", {"id": 5}),
+            "wrong type (checked by the server)": await failure("INSERT INTO t VALUES ('b', CAST(:n AS integer))",
+                                                                {"n": "many"}),
+            "duplicate": await failure("INSERT INTO t VALUES ('a', 2)"),
+            "not null": await failure("INSERT INTO t VALUES ('c', NULL)"),
+        }
+        for what, error in refused.items():
+            fault = classify(error)
+            assert not fault.transient, (what, fault)
+            assert "INSERT" not in fault.reason and "x\x00y" not in fault.reason and "many" not in fault.reason, fault
+        timeout = classify(await failure("SELECT pg_sleep(2)", first="SET LOCAL statement_timeout = '50ms'"))
+        assert timeout.transient and "statement timeout" in timeout.detail, timeout
+        own_postgres.stop()
+        stopped = classify(await failure("INSERT INTO t VALUES ('d', 4)"))
+        assert stopped.transient, stopped
+    finally:
+        if own_postgres.server is None:
+            own_postgres.start()
+        await engine.dispose()
+
+
+async def test_sqlite_failures_are_told_apart_refused_rows_from_an_unavailable_file(sqlite_store):
+    from store.faults import classify
+
+    store, path = sqlite_store
+    reply = make_reply(thread_id=new_id())
+    await store.save_reply(reply)
+    engine = store._engine
+
+    async def failure(statement: str) -> BaseException:
+        try:
+            async with engine.begin() as connection:
+                await connection.execute(text(statement))
+        except Exception as error:  # noqa: BLE001 - the test classifies whatever the driver raised
+            return error
+        raise AssertionError(f"{statement} did not fail")
+
+    duplicate = classify(await failure(f"INSERT INTO replies (id) VALUES ('{reply.id}')"))
+    assert not duplicate.transient and "SQLITE_CONSTRAINT" in duplicate.reason, duplicate
+    with unwritable(path):
+        read_only = classify(await failure("DELETE FROM replies"))
+    assert read_only.transient and "readonly" in read_only.reason, read_only
+    path.rename(path.with_name("away.db"))
+    gone = classify(await failure("DELETE FROM replies"))
+    path.with_name("away.db").rename(path)
+    assert gone.transient and "unable to open" in gone.reason, gone
+
+
+# ---------------------------------------------------------------- a refused row never stops the rest
+
+
+@pytest.fixture
+async def postgres_store(own_postgres, fresh_outboxes):
+    url = normalise_url(await new_postgres_database(own_postgres.url))
+    store = await Store.open(url)
+    await store.migrate()
+    layer = chainlit_data_layer(url)
+    yield store, layer, url
+    if own_postgres.server is None:
+        own_postgres.start()
+    own_postgres.resume()
+    await layer.engine.dispose()
+    await store.aclose()
+
+
+def dead_letters(store: Store) -> list[dict]:
+    path = store.outbox.dead_letter_path
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def test_a_row_refused_while_rows_wait_is_set_aside_and_the_rows_behind_it_are_written(
+        own_postgres, postgres_store):
+    """The outbox holds, in order: a reply, a history row PostgreSQL will refuse (a step whose name is
+    a number: the driver refuses it for good), and two more replies. Once the server is back the
+    refused row is set aside with its reason and every reply is written, in order, nothing twice."""
+    store, layer, _ = postgres_store
+    thread = new_id()
+    await layer.update_thread(thread)
+    own_postgres.stop()
+    first = reply_now(thread)
+    with pytest.raises(SavedLater):
+        await store.save_reply(first)
+    await layer.execute_sql('INSERT INTO steps ("id", "threadId", "name", "type", "streaming", "output") '
+                            'VALUES (:id, :thread, :name, :type, false, :output)',
+                            {"id": new_id(), "thread": thread, "name": 5, "type": "user_message", "output": SECRET_TEXT})
+    later = [reply_now(thread), reply_now(thread)]
+    for reply in later:
+        with pytest.raises(SavedLater):
+            await store.save_reply(reply)
+    assert store.outbox.waiting == 4
+    own_postgres.start()
+    await wait_until_written(store, timeout_s=20)
+    assert [reply.id for reply in await store.replies_for_thread(thread)] == [first.id, *(r.id for r in later)]
+    (refused,) = dead_letters(store)
+    assert "SQLSTATE 22000" in refused["reason"] and refused["entry"]["parameters"]["name"] == 5
+    assert SECRET_TEXT not in refused["reason"]
+    assert store.outbox.state().set_aside == 1
+
+
+async def test_a_refused_row_with_nothing_waiting_is_set_aside_at_once_and_says_so(postgres_store):
+    """Written directly, a row PostgreSQL refuses is not retried and not kept waiting: the store
+    raises RowRefused (a StoreError the app turns into a notice) and the next rows go in."""
+    from store import RowRefused
+
+    store, _, _ = postgres_store
+    thread = new_id()
+    bad = dataclasses.replace(reply_now(thread), output_tokens="many")  # a forged figure of the wrong type
+    with pytest.raises(RowRefused) as refused:
+        await store.save_reply(bad)
+    assert "many" not in str(refused.value) and "dead-letter" in str(refused.value)
+    assert store.outbox.waiting == 0
+    good = reply_now(thread)
+    await store.save_reply(good)
+    assert [reply.id for reply in await store.replies_for_thread(thread)] == [good.id]
+    assert [letter["entry"]["statements"][0]["insert"]["id"] for letter in dead_letters(store)] == [bad.id]
+
+
+async def test_a_reply_holding_nul_is_saved_with_the_nul_marked(postgres_store):
+    store, layer, _ = postgres_store
+    thread = new_id()
+    reply = dataclasses.replace(reply_now(thread), reply_text="before\x00after",
+                                record={"note": "a\x00b", "ratio": float("nan")})
+    await store.save_reply(reply)
+    (stored,) = await store.replies_for_thread(thread)
+    assert stored.reply_text == "before\ufffdafter" and stored.record == {"note": "a\ufffdb", "ratio": None}
+    await layer.update_thread(thread)
+    step = new_id()
+    await layer.execute_sql('INSERT INTO steps ("id", "threadId", "name", "type", "streaming", "output", "metadata") '
+                            'VALUES (:id, :thread, :name, :type, false, :output, :metadata)',
+                            {"id": step, "thread": thread, "name": "Bot\x00", "type": "assistant_message",
+                             "output": "x\x00y", "metadata": json.dumps({"k\x00": "v\x00"})})
+    await layer.writes.flush()  # the chat history is written in batches
+    async with store._transaction() as connection:
+        row = (await connection.execute(text('SELECT name, output, metadata FROM steps WHERE id = :id'),
+                                        {"id": step})).one()
+    assert (row.name, row.output, row.metadata) == ("Bot\ufffd", "x\ufffdy", {"k\ufffd": "v\ufffd"})
+    assert store.outbox.state().set_aside == 0
+
+
+# ---------------------------------------------------------------- a hung database
+
+
+async def test_a_hung_postgresql_sends_writes_to_the_outbox_within_seconds(own_postgres, postgres_store):
+    """A paused server (SIGSTOP) accepts connections and never answers: the first write gives up
+    after the connect and statement timeouts, the next ones go straight to the outbox, and all are
+    written once it runs again. The bounds here are safety bounds; experiments/ measure."""
+    store, layer, _ = postgres_store
+    thread = new_id()
+    before = reply_now(thread)
+    await store.save_reply(before)
+    own_postgres.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(SavedLater):
+            await store.save_reply(first := reply_now(thread))
+        first_s = time.monotonic() - started
+        started = time.monotonic()
+        with pytest.raises(SavedLater):
+            await store.save_reply(second := reply_now(thread))
+        await layer.update_thread(thread, name="renamed while hung")
+        second_s = time.monotonic() - started
+    finally:
+        own_postgres.resume()
+    assert first_s < 20, f"the first write on a hung server took {first_s:.1f} s"
+    assert second_s < 1, f"a write behind a waiting one took {second_s:.1f} s"
+    await wait_until_written(store, timeout_s=30)
+    assert [reply.id for reply in await store.replies_for_thread(thread)] == [before.id, first.id, second.id]
+    async with store._transaction() as connection:
+        assert (await connection.scalar(text("SELECT name FROM threads WHERE id = :id"), {"id": thread})
+                == "renamed while hung")
+
+
+# ---------------------------------------------------------------- history kept during an outage
+
+
+def as_session_of(identifier: str) -> None:
+    """The current task runs as a request of `identifier`'s session (Chainlit's own context)."""
+    from chainlit.context import ChainlitContext, context_var
+    from chainlit.session import HTTPSession
+    from chainlit.user import User
+
+    context_var.set(ChainlitContext(HTTPSession(id=new_id(), client_type="webapp", user=User(identifier=identifier))))
+
+
+async def test_threads_kept_during_an_outage_keep_their_owner_and_never_overwrite_a_thread(
+        own_postgres, postgres_store):
+    from chainlit.user import User
+
+    store, layer, _ = postgres_store
+    alice = await layer.create_user(User(identifier="alice"))
+    existing = new_id()
+    await layer.update_thread(existing, name="Existing chat", user_id=alice.id, metadata={"kept": 1})
+    async with store._transaction() as connection:
+        created_before = await connection.scalar(text('SELECT "createdAt" FROM threads WHERE id = :id'),
+                                                 {"id": existing})
+    own_postgres.stop()
+    as_session_of("bob")  # logged in during the outage: Chainlit could not read bob's user row
+    for _ in range(3):  # every request of bob's asks for his user row
+        assert await layer.create_user(User(identifier="bob")) is None
+    # A step written to the existing chat (Chainlit's create_step) changes nothing of a thread this
+    # process has written: nothing waits for it.
+    await layer.update_thread(existing)
+    await layer.update_thread(existing, metadata={"added": 2})
+    fresh = new_id()
+    await layer.update_thread(fresh)  # bob's first message makes the thread...
+    await layer.update_thread(fresh, name="Bob's chat")  # ...and names it, with no user id known
+    await layer.writes.flush()
+    # bob's user row (three upserts waiting as one), the metadata change, the new thread and its name.
+    assert store.outbox.waiting == 4, "bob's three user upserts should wait as one"
+    own_postgres.start()
+    await wait_until_written(store, timeout_s=20)
+    async with store._transaction() as connection:
+        rows = {row.id: row for row in await connection.execute(
+            text('SELECT id, "createdAt", name, "userId", "userIdentifier", metadata FROM threads'))}
+        bob_ids = (await connection.execute(text("SELECT id FROM users WHERE identifier = 'bob'"))).scalars().all()
+    assert rows[existing].createdAt == created_before and rows[existing].name == "Existing chat"
+    assert rows[existing].metadata == {"kept": 1, "added": 2} and rows[existing].userId == alice.id
+    assert len(bob_ids) == 1
+    assert (rows[fresh].name, rows[fresh].userId, rows[fresh].userIdentifier) == ("Bob's chat", bob_ids[0], "bob")
+    assert dead_letters(store) == []
+    listed = await layer.get_all_user_threads(user_id=bob_ids[0])
+    assert [thread["id"] for thread in listed] == [fresh], "bob's chat is missing from his sidebar"
+
+
+# ---------------------------------------------------------------- the outbox's bounds and file
+
+
+async def test_the_outbox_is_bounded_in_bytes_as_well_as_rows(sqlite_store):
+    store, path = sqlite_store
+    store.outbox.max_bytes = 20_000
+    path.rename(path.with_name("gone.db"))
+    with pytest.raises(SavedLater):
+        await store.save_reply(make_reply(thread_id=new_id()))
+    big = dataclasses.replace(make_reply(thread_id=new_id()), reply_text="x" * 30_000)
+    with pytest.raises(NotSaved) as lost:
+        await store.save_reply(big)
+    assert "LAB_OUTBOX_MAX_BYTES" in str(lost.value)
+    assert store.outbox.waiting == 1 and store.outbox.state().waiting_bytes < 20_000
+
+
+async def test_the_outbox_file_is_named_without_the_password_and_a_new_password_finds_its_rows(
+        own_postgres, fresh_outboxes):
+    """Rows kept under one password are written by the next start with another: the file's name
+    comes from the URL without its password, and holds neither password."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    database = await new_postgres_database(own_postgres.url)
+    admin = await asyncpg.connect(database)
+    try:
+        await admin.execute("CREATE ROLE lab LOGIN PASSWORD 'first-secret'; GRANT ALL ON SCHEMA public TO lab")
+    finally:
+        await admin.close()
+    first_url = normalise_url(make_url(database).set(username="lab", password="first-secret")
+                              .render_as_string(hide_password=False))
+    second_url = first_url.replace("first-secret", "second-secret")
+    store = await Store.open(first_url)
+    await store.migrate()
+    thread = new_id()
+    try:
+        own_postgres.stop()
+        with pytest.raises(SavedLater):
+            await store.save_reply(kept := reply_now(thread))
+    finally:
+        await store.aclose()
+        own_postgres.start()
+    admin = await asyncpg.connect(database)
+    try:
+        await admin.execute("ALTER ROLE lab PASSWORD 'second-secret'")
+    finally:
+        await admin.close()
+    names = " ".join(path.name for path in fresh_outboxes.iterdir())
+    assert "secret" not in names and outbox_module.outbox_stem(first_url) == outbox_module.outbox_stem(second_url)
+    outbox_module._OUTBOXES.clear()  # a new process, configured with the new password
+    second = await Store.open(second_url)
+    try:
+        assert second.outbox.waiting == 1
+        await wait_until_written(second)
+        assert [reply.id for reply in await second.replies_for_thread(thread)] == [kept.id]
+    finally:
+        await second.aclose()
+
+
+# ---------------------------------------------------------------- locks after a restart
+
+
+async def test_the_apps_locks_are_taken_again_after_a_restart_of_postgresql(own_postgres, postgres_store,
+                                                                           monkeypatch):
+    """A replica's alive lock (its replies in flight are its own) and a load run's lock end with the
+    server's sessions; the app takes both again once it is back, and replies are saved after it."""
+    from core.app_state import LOAD_LOCK_NAME, PROCESS_LOCK_NAME
+    from core.notices import Notice
+    from core.replica import process_key
+    from store import locks
+    from store.locks import LOAD_RUN, PROCESS_ALIVE_SPACE, LockKey
+    from tests.fakes import FakeBackend, fake_state
+
+    monkeypatch.setattr(locks, "KEEP_INTERVAL_S", 0.5)
+    _, _, url = postgres_store
+    state = fake_state(FakeBackend("a"))
+    state.database_url, state.storage_problem, state._storage_tried = url, None, False
+    state.replica = "replica-under-test"
+    release = asyncio.Event()
+    keys = [LockKey(PROCESS_ALIVE_SPACE, process_key()), LOAD_RUN]
+    expected = {keys[0]: PROCESS_LOCK_NAME + state.replica, keys[1]: LOAD_LOCK_NAME + state.replica}
+    store = await state.storage()
+    try:
+        assert (await state.in_flight_mark())["in_flight"]["replica"] == state.replica
+        assert await state.start_load(Notice("simulate_busy", {"users": 2, "backend": "a"}), release.wait()) is None
+        assert await store.lock_holders(keys) == expected
+        own_postgres.stop()
+        await asyncio.sleep(1.5)
+        own_postgres.start()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                holders = await store.lock_holders(keys)
+            except DatabaseUnavailable:
+                holders = {}
+            if holders == expected or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        assert holders == expected
+        thread = new_id()
+        reply = reply_now(thread)
+        assert await state.save_reply(reply) in (None, Notice("saved_later", {"waiting": 1}))
+        await wait_until_written(store, timeout_s=10)
+        assert [stored.id for stored in await store.replies_for_thread(thread)] == [reply.id]
+    finally:
+        release.set()
+        await state.load_task
+        await state.end_load(state.load_task)
+        await state._alive.release()
+        await store.aclose()
+
+
+# ---------------------------------------------------------------- a database down at start
+
+
+async def test_a_database_down_at_start_is_tried_again_and_what_waited_is_written(own_postgres, fresh_outboxes,
+                                                                                   monkeypatch):
+    """The app's storage on a database that is down when the process starts (and was never
+    migrated): replies are kept meanwhile, and once it is up the app opens it, creates the tables and
+    writes them, with no restart."""
+    from core import app_state as app_state_module
+    from tests.fakes import FakeBackend, fake_state
+
+    monkeypatch.setattr(app_state_module, "STORAGE_RETRY_FIRST_S", 0.2)
+    monkeypatch.setattr(app_state_module, "STORAGE_RETRY_S", 1.0)
+    url = normalise_url(await new_postgres_database(own_postgres.url))
+    state = fake_state(FakeBackend("a"))
+    state.database_url, state.storage_problem, state._storage_tried = url, None, False
+    thread = new_id()
+    own_postgres.stop()
+    try:
+        waiting_store = await state.storage()
+        assert waiting_store is not None and "Cannot open the database" in state.storage_problem
+        kept = [reply_now(thread), reply_now(thread)]
+        for reply in kept:
+            notice = await state.save_reply(reply)
+            assert notice is not None and notice.key == "saved_later", notice
+    finally:
+        own_postgres.start()
+    deadline = time.monotonic() + 30
+    while state.storage_problem is not None or (await state.storage()).outbox.waiting:
+        assert time.monotonic() < deadline, f"storage still unavailable: {state.storage_problem}"
+        await asyncio.sleep(0.2)
+    store = await state.storage()
+    try:
+        assert store is not waiting_store
+        assert [reply.id for reply in await store.replies_for_thread(thread)] == [reply.id for reply in kept]
+        assert await state.save_reply(reply_now(thread)) is None  # and new ones go straight in
+    finally:
+        await store.aclose()
+
+
+# ---------------------------------------------------------------- the chat history's batches
+
+
+STEP_SQL = ('INSERT INTO steps ("id", "threadId", "name", "type", "streaming", "output") '
+            'VALUES (:id, :thread, :name, :type, false, :output)')
+
+
+async def steps_of(store: Store, thread: str) -> list[str]:
+    async with store._transaction() as connection:
+        rows = await connection.execute(text('SELECT output FROM steps WHERE "threadId" = :thread ORDER BY output'),
+                                        {"thread": thread})
+        return [row.output for row in rows]
+
+
+async def test_history_writes_of_a_burst_go_in_one_transaction_and_a_read_sees_them(postgres_store):
+    store, layer, _ = postgres_store
+    thread = new_id()
+    await layer.update_thread(thread, name="a class")
+    for number in range(30):
+        await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": "Bot", "type": "assistant_message",
+                                           "output": f"reply {number:02d}"})
+    assert await steps_of(store, thread) == []  # queued, not written yet
+    batches = layer.writes.batches
+    # Chainlit's own read of the thread waits for the writes queued before it.
+    read = await layer.execute_sql('SELECT "id" FROM steps WHERE "threadId" = :thread', {"thread": thread})
+    assert len(read) == 30 and layer.writes.batches == batches + 1  # the thread and 30 steps: one transaction
+    assert await steps_of(store, thread) == [f"reply {number:02d}" for number in range(30)]
+
+
+async def test_a_batch_flushes_by_itself_within_its_window(postgres_store):
+    store, layer, _ = postgres_store
+    thread = new_id()
+    await layer.update_thread(thread)
+    await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": "Bot", "type": "assistant_message",
+                                       "output": "on its own"})
+    await asyncio.sleep(BATCH_WINDOW_S + 0.5)
+    assert await steps_of(store, thread) == ["on its own"]
+
+
+async def test_a_refused_write_in_a_batch_is_set_aside_and_the_rest_of_the_batch_is_written(postgres_store):
+    """A step whose name is a number is refused by the driver for good: alone in its batch it would be
+    set aside; amid others, the batch is written again a write at a time and only it is set aside."""
+    store, layer, _ = postgres_store
+    thread = new_id()
+    await layer.update_thread(thread)
+    for number, name in enumerate(["Bot", 5, "Bot"]):
+        await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": name, "type": "assistant_message",
+                                           "output": f"step {number}"})
+    await layer.writes.flush()
+    assert await steps_of(store, thread) == ["step 0", "step 2"]
+    assert len(dead_letters(store)) == 1 and store.outbox.waiting == 0
+
+
+async def test_a_batch_the_database_cannot_take_waits_whole_and_in_order(own_postgres, postgres_store):
+    store, layer, _ = postgres_store
+    thread = new_id()
+    await layer.update_thread(thread)
+    await layer.writes.flush()
+    own_postgres.stop()
+    for number in range(3):
+        await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": "Bot", "type": "assistant_message",
+                                           "output": f"step {number}"})
+    await layer.writes.flush()
+    assert store.outbox.waiting == 3
+    own_postgres.start()
+    await wait_until_written(store, timeout_s=20)
+    assert await steps_of(store, thread) == ["step 0", "step 1", "step 2"] and dead_letters(store) == []
+
+
+async def test_a_thread_this_process_wrote_is_not_written_again_for_every_step(postgres_store):
+    store, layer, _ = postgres_store
+    thread = new_id()
+    await layer.update_thread(thread, name="named once")
+    await layer.writes.flush()
+    queued = layer.writes.waiting
+    for _ in range(5):  # Chainlit's create_step asks before every step
+        await layer.update_thread(thread)
+    assert layer.writes.waiting == queued
+    await layer.update_thread(thread, name="renamed")  # a change is still written
+    assert layer.writes.waiting == queued + 1
+    await layer.writes.flush()
+    async with store._transaction() as connection:
+        assert await connection.scalar(text("SELECT name FROM threads WHERE id = :id"), {"id": thread}) == "renamed"

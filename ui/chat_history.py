@@ -9,23 +9,34 @@ Registering it with `@cl.data_layer` matters: without it, Chainlit sees
 different schema. The tables come from `Store.migrate()` (or `python -m store init`).
 
 History is as safe from database faults as the app's own rows: every write
-Chainlit's layer makes goes through `execute_sql`, and one the database cannot
-take now waits in the outbox (store/outbox.py), in order with the app's rows,
-until it answers again. Errors are logged by their driver's message only,
-never with the SQL or the row's values.
+Chainlit's layer makes goes through `execute_sql`, its values cleaned of what a
+database refuses (NUL, unpaired surrogates: store/faults.py), and store.faults
+decides what a failure means. One the database cannot take now waits in the
+outbox (store/outbox.py), in order with the app's rows, until it answers again;
+one it refuses for what it holds is set aside in the dead-letter file at once,
+so nothing behind it waits for it. While rows wait (or a read just found the
+database unavailable) reads are not tried: they could not see those rows, and a
+hung database would hold every page load for its timeout. Threads are written as
+changes that never overwrite (`update_thread`, store/history.py) and a person's
+user row as one upsert that collapses while it waits (`create_user`). Errors are
+logged by their driver's message only, never with the SQL or the row's values.
 
 History is written behind the chat, in batches (`HistoryWrites`): Chainlit
 writes a step per message, per run and per update, each through its own
 transaction (on SQLite a connection and a thread each), on the event loop
 every reply shares. Measured with 30 students sending at once, that cost
 ~130 ms of CPU per reply (3x a bare Chainlit app) and put +600 ms before
-every student's first text. So a write is queued and returns at once, and
-one transaction writes everything queued within `BATCH_WINDOW_S`, in order;
-a read first waits for the writes queued before it (a chat reopened sees its
-last message). Chainlit also reads a thread back before every step it writes
-(does it exist yet?): a thread this process wrote or read is known to exist,
-so only its first step asks. What a crash can lose is the last window's
-history (its replies' own rows are written by the app, not here).
+every student's first text (experiments/class_burst.py). So a write is queued
+and returns at once, and one transaction writes everything queued within
+`BATCH_WINDOW_S`, in order; a batch the database cannot take waits in the
+outbox whole, in order, and one it refuses is written again a write at a time,
+so only the refused write is set aside. A read first waits for the writes
+queued before it (a chat reopened sees its last message); the session saved
+as a chat is left, and what is queued when the app stops, are written at once.
+Chainlit also writes its thread before every step: a thread this process has
+written is known to exist, so a step with nothing to change writes no thread.
+What a crash (not a stop) can lose is the last window's history; a reply's own
+row is written by the app, not here.
 
 The one module of this package that imports Chainlit.
 """
@@ -35,27 +46,34 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+import uuid
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
 from chainlit.data.utils import queue_until_user_message
 from chainlit.data.storage_clients.base import BaseStorageClient
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import sessionmaker
 
 from core.replica import process_key
 from core.texts import text as ui_text
-from store.db import create_engine, safe_message, unavailable_reason
+from store.db import WRITE_ERRORS, create_engine, write_or_classify
 from store.errors import NotSaved, StoreError
+from store.faults import classify, clean, clean_json_text
+from store.history import apply_thread_change, names_a_change, thread_change
 from store.locks import PROCESS_ALIVE_SPACE, LockKey, lock_holders
-from store.outbox import Outbox, outbox_for
+from store.outbox import Outbox, Refused, Unavailable, outbox_for
 from store.urls import database_url, normalise_url
 
 log = logging.getLogger(__name__)
 WRITE_VERBS = ("INSERT", "UPDATE", "DELETE")
+# After a read found the database unavailable, reads are not tried for this long.
+READ_PAUSE_S = 2.0
 BATCH_WINDOW_S = 0.1  # history writes queued within this long go in one transaction
+# Parameters Chainlit hands over as JSON text it dumped itself.
+_JSON_TEXT_PARAMETERS = frozenset({"metadata", "generation", "props", "playerConfig", "modes"})
 
 # Columns Chainlit reads back as JSON documents or lists, under the names its queries give them.
 _JSON_RESULT_KEYS = frozenset({
@@ -89,87 +107,134 @@ class AppDataLayer(SQLAlchemyDataLayer):
     """
 
     outbox: Outbox | None = None
-    writes: "HistoryWrites | None" = None
+    writes: "HistoryWrites | None" = None  # None: every write at once (tests of the write path itself)
     known_threads: set[str] | None = None
 
     async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
         on_sqlite = self.engine.dialect.name == "sqlite"
-        parameters = {key: without_nul(value) for key, value in parameters.items()}
-        parameters = {
-            key: json.dumps(value) if isinstance(value, dict) or (on_sqlite and isinstance(value, list)) else value
-            for key, value in parameters.items()
-        }
-        writing = query.lstrip().split(None, 1)[0].upper() in WRITE_VERBS
-        if writing and self.outbox is not None and self.outbox.waiting:
-            return self._keep(query, parameters, self.outbox.problem or "earlier rows still wait")
+        parameters = self._bind(parameters)
+        verb = query.lstrip().split(None, 1)[0].upper()
+        if verb in WRITE_VERBS:
+            async def work(connection: AsyncConnection) -> int:
+                return (await connection.execute(text(query), parameters)).rowcount
+
+            return await self._write({"sql": query, "parameters": parameters}, work, verb)
         if self.writes is not None:
-            if writing:
-                self.writes.queue(query, parameters)
-                return None  # Chainlit's writes use no result
             await self.writes.flush()  # a read sees every write queued before it
+        if self.outbox is not None and self.outbox.unavailable_within(READ_PAUSE_S):
+            return None  # as Chainlit's layer answers a failed read
         try:
             async with self.async_session() as session:
                 async with session.begin():
                     result = await session.execute(text(query), parameters)
                     rows = [dict(row._mapping) for row in result.fetchall()] if result.returns_rows else None
-        except (SQLAlchemyError, OSError, TimeoutError) as error:
-            reason = unavailable_reason(error)
-            if reason is not None and writing and self.outbox is not None:
-                return self._keep(query, parameters, reason)
+        except WRITE_ERRORS as error:
+            fault = classify(error)
+            if fault.transient and self.outbox is not None:
+                self.outbox.note_unavailable(fault.reason)
             # Chainlit's own layer logs and returns None too; here without the SQL or the values.
-            log.warning("chat history: a %s failed: %s", query.lstrip().split(None, 1)[0].upper(), safe_message(error))
+            log.warning("chat history: a %s failed: %s", verb, fault.reason)
             return None
         if rows is None:
             return result.rowcount
         cleaned = self.clean_result(rows)
         return [_decode_sqlite_row(row) for row in cleaned] if on_sqlite else cleaned
 
-    def _keep(self, query: str, parameters: dict, problem: str) -> None:
+    def _bind(self, parameters: dict) -> dict:
+        """Chainlit's parameters as the database takes them: dicts (and lists on SQLite, which has no
+        arrays) as JSON, every text cleaned of what a database refuses (store.faults.clean)."""
+        on_sqlite = self.engine.dialect.name == "sqlite"
+        bound = {}
+        for key, value in parameters.items():
+            if isinstance(value, str):
+                value = clean_json_text(value) if key in _JSON_TEXT_PARAMETERS else clean(value)
+            elif isinstance(value, (dict, list, tuple)):
+                value = clean(value)
+                if isinstance(value, dict) or on_sqlite:
+                    value = json.dumps(value)
+            bound[key] = value
+        return bound
+
+    async def _write(self, entry: dict, work: Callable[[AsyncConnection], Awaitable[Any]], what: str,
+                     key: str | None = None) -> Any:
+        """Queue the write for the next batch (`HistoryWrites`), or, without batches, `write_now`."""
+        outbox = self.outbox
+        if self.writes is not None and not (outbox is not None and outbox.waiting):
+            self.writes.queue(PendingWrite(entry, work, what, key))
+            return None  # Chainlit's writes use no result
+        return await self.write_now(entry, work, what, key)
+
+    async def write_now(self, entry: dict, work: Callable[[AsyncConnection], Awaitable[Any]], what: str,
+                        key: str | None = None) -> Any:
+        """Write now, or keep `entry` in the outbox (rows wait, or the database did not answer), or set
+        it aside (the database refused it); `key`: see Outbox.put. Returns what `work` returned."""
+        outbox = self.outbox
+        if outbox is not None and outbox.waiting:
+            return self._keep(entry, outbox.problem or "earlier rows still wait", key)
+        try:
+            return await write_or_classify(self.engine, work)
+        except Unavailable as unavailable:
+            if outbox is not None:
+                return self._keep(entry, str(unavailable), key)
+            log.warning("chat history: a %s failed: %s", what, unavailable)
+        except Refused as refused:
+            if outbox is not None:
+                outbox.set_aside(entry, refused.fault)
+            else:
+                log.error("chat history: the database refused a %s: %s", what, refused.fault.reason)
+        return None
+
+    def _keep(self, entry: dict, problem: str, key: str | None = None) -> None:
         """A history write the database cannot take now: it waits in the outbox, in order."""
         try:
-            waiting = self.outbox.put({"sql": query, "parameters": parameters}, problem)
+            waiting = self.outbox.put(entry, problem, key=key)
         except NotSaved as lost:
             log.error("chat history: a write is lost: %s", lost)
             return None
         log.warning("chat history: the database is unavailable (%s); %d row(s) wait to be written", problem, waiting)
         return None
 
-    async def update_thread(self, thread_id: str, name=None, user_id=None, metadata=None, tags=None):
-        """Chainlit's upsert of a thread, without reading it first unless metadata is to be merged.
+    async def create_user(self, user):
+        """Chainlit's, as one upsert by identifier: kept during an outage, it is written once however
+        many requests of that person asked for it (they collapse in the outbox), and never fails
+        on the identifier another request's upsert wrote first."""
+        parameters = self._bind({"id": str(uuid.uuid4()), "identifier": str(user.identifier),
+                                 "createdAt": await self.get_current_timestamp(),
+                                 "metadata": json.dumps(user.metadata or {})})
+        query = ('INSERT INTO users ("id", "identifier", "createdAt", "metadata") '
+                 'VALUES (:id, :identifier, :createdAt, :metadata) '
+                 'ON CONFLICT ("identifier") DO UPDATE SET "metadata" = EXCLUDED."metadata"')
 
-        Chainlit reads the thread (and the user's identifier) before every write to it, also before
-        every step it writes: in a burst each read waited for the history queued before it. Here a
-        thread known to exist and nothing to change is left alone; otherwise one statement inserts it
-        or sets only the fields given (name, owner, tags), never its `createdAt` or `metadata`, and
-        finds the owner's identifier itself. Metadata (the session saved at disconnect) is merged
-        with what is stored, which needs Chainlit's read."""
+        async def work(connection: AsyncConnection) -> None:
+            await connection.execute(text(query), parameters)
+
+        await self._write({"sql": query, "parameters": parameters}, work, "INSERT",
+                          key=f"user:{parameters['identifier']}")
+        return await self.get_user(user.identifier)
+
+    async def update_thread(self, thread_id: str, name: str | None = None, user_id: str | None = None,
+                            metadata: dict | None = None, tags: list[str] | None = None) -> None:
+        """Chainlit's, as a change decided against the row when it is written (store/history.py):
+        kept during an outage, it neither resets an existing thread's creation time and metadata
+        nor loses the owner of a chat first created then (the session's login names them)."""
+        nothing_to_change = name is None and user_id is None and metadata is None and tags is None
         known = self.known_threads
-        if metadata is not None or known is None:
-            result = await super().update_thread(thread_id, name=name, user_id=user_id, metadata=metadata, tags=tags)
-            if known is not None:
-                known.add(thread_id)
-            if self.writes is not None:
-                # Chainlit saves the session (the settings panel's values) here as a chat is left, often
-                # as the app stops: written now, not a batch window later.
-                await self.writes.flush()
-            return result
-        given = {key: value for key, value in (("name", name), ("userId", user_id), ("tags", tags)) if value is not None}
-        if not given and thread_id in known:
-            return None
-        values = {"id": thread_id, "createdAt": await self.get_current_timestamp(), "metadata": {}, **given}
-        columns = list(values)
-        placeholders = [f":{column}" for column in columns]
-        if user_id is not None:  # the owner's identifier, as Chainlit stores it beside the owner's id
-            columns.append("userIdentifier")
-            placeholders.append('(SELECT "identifier" FROM users WHERE "id" = :userId)')
-        updates = ", ".join(f'"{column}" = EXCLUDED."{column}"' for column in columns
-                            if column not in ("id", "createdAt", "metadata"))
-        conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
-        await self.execute_sql(
-            f'INSERT INTO threads ({", ".join(chr(34) + c + chr(34) for c in columns)}) '
-            f'VALUES ({", ".join(placeholders)}) ON CONFLICT ("id") {conflict};', values)
-        known.add(thread_id)  # its insert is queued ahead of its steps
-        return None
+        if nothing_to_change and known is not None and thread_id in known:
+            return None  # Chainlit asks before every step; this process has written the thread already
+        change = thread_change(thread_id, created_at=await self.get_current_timestamp(), name=name, user_id=user_id,
+                               user_identifier=None if user_id else _session_user_identifier(),
+                               metadata=metadata, tags=tags)
+
+        async def work(connection: AsyncConnection) -> None:
+            await apply_thread_change(connection, change)
+
+        await self._write({"thread": change}, work, "thread update" if names_a_change(change) else "thread insert")
+        if known is not None:
+            known.add(thread_id)  # its write is queued ahead of its steps
+        if metadata is not None and self.writes is not None:
+            # Chainlit saves the session (the settings panel's values) here as a chat is left, often as
+            # the app stops: written now, not a batch window later.
+            await self.writes.flush()
 
     async def get_thread(self, thread_id: str):
         """The thread as Chainlit reads it, with the replies of app processes that died mid-reply
@@ -229,35 +294,47 @@ class AppDataLayer(SQLAlchemyDataLayer):
             row)
 
 
+@dataclass(frozen=True)
+class PendingWrite:
+    """A history write waiting for its batch: what the outbox would keep, and how to write it."""
+
+    entry: dict
+    work: Callable[[AsyncConnection], Awaitable[Any]]
+    what: str
+    key: str | None = None
+
+
 class HistoryWrites:
     """Chainlit's history writes, queued and written in order, a batch per transaction (see the module).
 
     A batch the database cannot take now (unavailable) goes to the outbox whole, in order, as its
     writes would have one by one. A batch it refuses for what a write holds is written again one
-    write per transaction, so one refused write is logged and the others are kept.
+    write per transaction (`AppDataLayer.write_now`), so the refused write is set aside and the
+    others are kept.
     """
 
     def __init__(self, layer: AppDataLayer, window_s: float = BATCH_WINDOW_S) -> None:
         self.layer = layer
         self.window_s = window_s
-        self._queued: list[tuple[str, dict]] = []
+        self._queued: list[PendingWrite] = []
         self._timer: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        self.batches = 0  # written so far (for tests and /lab/state)
 
     @property
     def waiting(self) -> int:
         return len(self._queued)
 
-    def queue(self, query: str, parameters: dict) -> None:
-        self._queued.append((query, parameters))
+    def queue(self, write: PendingWrite) -> None:
+        self._queued.append(write)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.window_s, self._flush_soon)
 
     def _flush_soon(self) -> None:
         self._timer = None
         task = asyncio.get_running_loop().create_task(self.flush())
-        self._tasks.add(task)  # kept until done: the loop holds only a weak reference
+        self._tasks.add(task)  # kept until done: the loop holds only a weak reference to a task
         task.add_done_callback(self._tasks.discard)
 
     async def flush(self) -> None:
@@ -270,24 +347,31 @@ class HistoryWrites:
             if batch:
                 await self._write(batch)
 
-    async def _write(self, batch: list[tuple[str, dict]]) -> None:
+    async def _write(self, batch: list[PendingWrite]) -> None:
         layer = self.layer
+        outbox = layer.outbox
+        if outbox is not None and outbox.waiting:  # earlier rows wait: these wait behind them, in order
+            for write in batch:
+                await layer.write_now(write.entry, write.work, write.what, write.key)
+            return
+
+        async def work(connection: AsyncConnection) -> None:
+            for write in batch:
+                await write.work(connection)
+
         try:
-            async with layer.engine.begin() as connection:
-                for query, parameters in batch:
-                    await connection.execute(text(query), parameters)
-        except (SQLAlchemyError, OSError, TimeoutError) as error:
-            reason = unavailable_reason(error)
-            if reason is not None and layer.outbox is not None:
-                for query, parameters in batch:
-                    layer._keep(query, parameters, reason)
+            await write_or_classify(layer.engine, work)
+        except Unavailable as unavailable:
+            if outbox is None:
+                log.warning("chat history: %d writes failed: %s", len(batch), unavailable)
                 return
-            if len(batch) == 1:
-                log.warning("chat history: a %s failed: %s", batch[0][0].lstrip().split(None, 1)[0].upper(),
-                            safe_message(error))
-                return
-            for single in batch:  # which one was refused: the others are kept
-                await self._write([single])
+            for write in batch:
+                layer._keep(write.entry, str(unavailable), write.key)
+        except Refused:
+            for write in batch:  # which one was refused: the others are kept
+                await layer.write_now(write.entry, write.work, write.what, write.key)
+        else:
+            self.batches += 1
 
 
 async def flush_history() -> None:
@@ -308,18 +392,16 @@ class _DropMessage(logging.Filter):
         return self.fragment not in record.getMessage()
 
 
-def without_nul(value: Any) -> Any:
-    """`value` without NUL characters, in its strings and in those of its dicts and lists (JSON documents
-    included): PostgreSQL's text and JSON cannot hold NUL, so a step or thread named by a message that held
-    one would be refused, and with it every step of that chat. Chainlit keeps the raw message as the
-    name of a new chat and the input of its run step; the app's own copy is already cleaned (core.input)."""
-    if isinstance(value, str):
-        return value.replace("\x00", "") if "\x00" in value else value
-    if isinstance(value, dict):
-        return {key: without_nul(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [without_nul(item) for item in value]
-    return value
+def _session_user_identifier() -> str | None:
+    """The identifier of the person whose session writes (None with login off, or outside a session)."""
+    from chainlit.context import ChainlitContextException, context
+
+    try:
+        user = context.session.user
+    except ChainlitContextException:
+        return None
+    identifier = getattr(user, "identifier", None)
+    return identifier if isinstance(identifier, str) else None
 
 
 def _decode_sqlite_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -126,22 +126,26 @@ def process_state() -> dict:
         "rss_mb": round(process.memory_info().rss / 2**20, 1),
         "session_timeout_s": config.project.session_timeout,
         "embedded_models": embedded_models_state(),
-        # Rows waiting for an unavailable database (store/outbox.py): how many, the bound, why.
+        # Rows waiting for an unavailable database (store/outbox.py): how many, the bounds, why; and
+        # rows the database refused, set aside in its dead-letter file.
         "outbox": outbox_state(),
     }
 
 
 def outbox_state() -> dict:
-    """The database outbox of this process: rows waiting to be written (0 while the database answers)."""
+    """The database outbox of this process: rows waiting to be written (0 while the database answers),
+    their bytes, the bounds, why they wait, and the rows the database refused that this process set
+    aside in the dead-letter file (store/outbox.py) since it started."""
     states = [outbox.state() for outbox in all_outboxes()]
     return {
         "waiting": sum(state.waiting for state in states),
+        "waiting_bytes": sum(state.waiting_bytes for state in states),
         "max_rows": max((state.max_rows for state in states), default=None),
-        "set_aside": sum(state.failed for state in states),
+        "max_bytes": max((state.max_bytes for state in states), default=None),
+        "set_aside": sum(state.set_aside for state in states),
+        "dead_letter_files": [state.dead_letter_file for state in states if state.dead_letter_file],
         "problem": next((state.problem for state in states if state.problem), None),
     }
-
-
 
 
 async def state_endpoint(request: Request) -> JSONResponse:

@@ -28,7 +28,7 @@ from core.replies import answer
 from core.streaming import StreamOutcome
 from core.history import Conversation, rebuild_conversation
 from core.texts import language_of, text
-from core.input import check_message
+from core.input import Checked, check_message, refusal_of
 from core.session_state import LabSession
 from core.figures import initial_props
 from ui.live import LiveReply
@@ -224,6 +224,8 @@ async def start(actions: list[cl.Action] | None = None) -> None:
     free_closed_sessions()
     if await state.storage() is None:
         await say(text("storage_unavailable", lang_code, problem=state.storage_problem))
+    elif state.storage_problem:  # down since start: writes wait, the app keeps trying (AppState.storage)
+        await say(text("storage_waiting", lang_code, problem=state.storage_problem))
     await _send_settings()
     await _warm_up_backends(lang_code)
     statuses = await state.statuses()
@@ -335,9 +337,11 @@ async def update_settings(values: dict) -> None:
 
 async def checked_input(raw: object, message: cl.Message | None = None) -> str | None:
     """The text to send for what arrived as a message, or None when it was refused (the person is told
-    why; an earlier message waiting for Retry stays pending). When characters were removed, the shown
-    and stored user message becomes the text that is sent (PostgreSQL cannot store NUL)."""
-    checked = check_message(raw)
+    why; an earlier message waiting for Retry stays pending). A message refused where it arrived
+    (ui/socket_guard.py: its text was never stored) carries that refusal. When characters were removed,
+    the shown and stored user message becomes the text that is sent (PostgreSQL cannot store NUL)."""
+    refused_on_arrival = refusal_of(message.metadata) if message is not None else None
+    checked = Checked(None, refusal=refused_on_arrival) if refused_on_arrival else check_message(raw)
     lang_code = lang()
     if checked.refused:
         if message is not None:

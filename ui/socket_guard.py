@@ -21,6 +21,15 @@ websocket messages of up to 16 MiB whole before engine.io looks at them, so
 the guard lets engine.io pass up to `MAX_SOCKET_MESSAGE` to the app, whose own
 limits (core.input, core.settings) then refuse with a message that says why.
 
+Content. Chainlit stores a typed message's step as the page sent it, before the
+app's handler sees it (and `edit_message` rewrites any message of the session,
+editing off or not): the raw text, up to the size above, and any value a page
+or a script puts in its fields. The guard checks the step where it arrives
+(`core.input.check_client_step`): every field Chainlit reads typed and bounded,
+the rest dropped, a text over the limit (or not text) never stored; the handler
+then says why it was refused. `edit_message` is dropped while editing is off,
+and checked the same way when it is on.
+
 Patience. engine.io closes a socket whose page has not answered its ping within
 20 s. A page answers from its main thread, and a browser drawing a big message
 holds that thread: pasting and sending 1.1 MB kept chromium busy for 44 s on
@@ -35,8 +44,13 @@ dropped session for its session_timeout (600 s) anyway.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import logging
+from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
+
+from core.input import check_client_step, check_message
+
+log = logging.getLogger(__name__)
 
 # Characters of one websocket message (bytes of one long-polling POST): room for a 1 MB paste
 # even of Chinese text sent as 3-byte UTF-8 over polling, still under uvicorn's 16 MiB frame cap.
@@ -91,3 +105,40 @@ def guard_socket(max_message: int = MAX_SOCKET_MESSAGE, ping_timeout_s: float = 
     sio.eio.cors_allowed_origins = allowed
     sio.eio.max_http_buffer_size = max_message
     sio.eio.ping_timeout = ping_timeout_s
+    handlers = sio.handlers["/"]
+    handlers["client_message"] = _checked_message(handlers["client_message"])
+    handlers["edit_message"] = _checked_edit(handlers["edit_message"], lambda: config.features.edit_message)
+
+
+def checked_payload(payload: Any) -> dict | None:
+    """A `client_message` payload as Chainlit may store and handle it, or None (not a message)."""
+    if not isinstance(payload, dict):
+        return None
+    checked = check_client_step(payload.get("message"))
+    if checked.step is None:
+        return None
+    references = payload.get("fileReferences")
+    return {"message": checked.step, "fileReferences": references if isinstance(references, list) else None}
+
+
+def _checked_message(handler):
+    async def client_message(sid, payload):
+        checked = checked_payload(payload)
+        if checked is None:
+            log.warning("a client_message that is not a message was dropped (session socket %s)", sid)
+            return None
+        return await handler(sid, checked)
+
+    return client_message
+
+
+def _checked_edit(handler, editing_on):
+    async def edit_message(sid, payload):
+        message = payload.get("message") if isinstance(payload, dict) else None
+        if not editing_on() or not isinstance(message, dict) or not isinstance(message.get("id"), str) \
+                or check_message(message.get("output")).refused:
+            log.warning("an edit_message was dropped (editing is off, or not a valid edit)")
+            return None
+        return await handler(sid, {"message": {"id": message["id"], "output": message["output"]}})
+
+    return edit_message
