@@ -38,7 +38,7 @@ GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAU
                     "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TOP_K", "DEFAULT_MIN_P", "DEFAULT_REPETITION_PENALTY",
                     "DEFAULT_SEED", "DEFAULT_SYSTEM_PROMPT", "DEFAULT_MODE", "DEFAULT_COMPARE_BACKENDS",
                     "DEFAULT_RUN_ORDER", "DEFAULT_REVEAL", "DATABASE_URL", "AUTH_USERS", "TEACHERS", "VOTES_PER_DAY",
-                    "CHAINLIT_AUTH_SECRET", "LAB_REPLICA_ID", "CAPACITY_SLO", "CAPACITY_PERCENTILE", "LAB_TEST_EMBEDDED_HOLD_FILE",
+                    "CHAINLIT_AUTH_SECRET", "LAB_REPLICA_ID", "LAB_IMAGE_ORIGINS", "CAPACITY_SLO", "CAPACITY_PERCENTILE", "LAB_TEST_EMBEDDED_HOLD_FILE",
                     "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS")
 # Tests only, off when unset: while the file it names exists, the embedded model holds each
 # generation before its first token (backends/llamacpp.py), so a browser test can build a

@@ -1,4 +1,4 @@
-"""Who may read GET /lab/state and what X-Lab-Replica says, on the real app.
+"""Who may read GET /lab/state, what X-Lab-Replica says, and the page's own headers, on the real app.
 
 The app runs with login on (alice is a teacher, bob a student) and no LAB_REPLICA_ID. Requests
 are sent as an attacker would: from loopback with a forwarding header (what a proxy or tunnel on
@@ -127,3 +127,10 @@ def test_every_answer_names_the_replica_by_a_random_id_never_host_or_pid(login_a
     for revealing in (socket.gethostname(), str(state["pid"]), str(os.getpid())):
         assert revealing not in replica, (revealing, replica)
 
+
+def test_every_answer_carries_the_image_policy_and_the_referrer_policy(login_app: AppServer):
+    for path in ("/", "/login", "/auth/config"):
+        answer = requests.get(login_app.url + path, timeout=10)
+        assert answer.headers["Content-Security-Policy"] == (
+            "img-src 'self' data: blob:; media-src 'self' data: blob:"), path
+        assert answer.headers["Referrer-Policy"] == "same-origin", path
