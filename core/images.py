@@ -51,7 +51,8 @@ ORIGINS_VARIABLE = "LAB_IMAGE_ORIGINS"
 # What the page itself needs besides its own origin: Chainlit draws a few icons from data: URLs
 # (its CSS) and previews (audio, uploads) from blob: URLs; neither reaches another host.
 PAGE_SOURCES = ("'self'", "data:", "blob:")
-_ORIGIN = re.compile(r"^(https?)://([a-z0-9](?:[a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\])(?::(\d{1,5}))?/?$")
+# A Content-Security-Policy source names a host by letters, digits, dots and dashes only (no IPv6).
+_ORIGIN = re.compile(r"^(https?)://([a-z0-9](?:[a-z0-9.-]*[a-z0-9])?)(?::(\d{1,5}))?/?$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -73,7 +74,8 @@ class ImageOrigins:
             if origin is None:
                 raise ConfigurationError(
                     f"{ORIGINS_VARIABLE} entry {entry!r} is not an origin like https://images.example.edu "
-                    "(http or https, a host name or address, an optional port; no path, no wildcard).")
+                    "(http or https, a host name or IPv4 address, an optional port; no path, no wildcard, "
+                    "no IPv6 address: a Content-Security-Policy cannot name one).")
             if origin not in allowed:
                 allowed.append(origin)
         return cls(tuple(allowed))
@@ -104,8 +106,7 @@ class ImageOrigins:
             return False
         if "@" in parts.netloc or not parts.hostname:
             return False
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-        origin = f"{name}://{host}" + (f":{port}" if port and port != _DEFAULT_PORTS[name] else "")
+        origin = f"{name}://{parts.hostname}" + (f":{port}" if port and port != _DEFAULT_PORTS[name] else "")
         return origin in self.allowed
 
 
@@ -162,8 +163,9 @@ class _Span:
 
 def remote_images_as_links(markdown: str, origins: ImageOrigins, lang: str = "en") -> str:
     """`markdown` with every image the browser may not load (`ImageOrigins.loads`) written as a
-    link whose text says "image" and gives its alt text and address. An image inside a link's
-    text becomes plain text (a link cannot hold a link). Code is never changed."""
+    link to its address whose text says it was not shown and gives its alt text and address (in
+    `lang`). An image inside a link's text becomes that text, plain (a link cannot hold a link).
+    Code is never changed."""
     if "![" not in markdown:
         return markdown
     return _rewritten(markdown, origins, lang)

@@ -219,16 +219,17 @@ def test_escaped_text_renders_as_exactly_its_characters():
 
 def test_allowed_origins_come_from_lab_image_origins_and_shape_the_page_policy():
     origins = ImageOrigins.from_env({"LAB_IMAGE_ORIGINS": "https://Img.Example.edu/ https://img.example.edu:443,"
-                                                          " http://[::1]:8080"})
-    assert origins.allowed == ("https://img.example.edu", "http://[::1]:8080")
+                                                          " http://10.0.0.5:8080"})
+    assert origins.allowed == ("https://img.example.edu", "http://10.0.0.5:8080")
     assert origins.content_security_policy() == (
-        "img-src 'self' data: blob: https://img.example.edu http://[::1]:8080; "
-        "media-src 'self' data: blob: https://img.example.edu http://[::1]:8080")
+        "img-src 'self' data: blob: https://img.example.edu http://10.0.0.5:8080; "
+        "media-src 'self' data: blob: https://img.example.edu http://10.0.0.5:8080")
     assert ImageOrigins.from_env({}).content_security_policy() == "img-src 'self' data: blob:; media-src 'self' data: blob:"
 
 
 @pytest.mark.parametrize("entry", ["https://*.example.edu", "img.example.edu", "https://img.example.edu/path",
-                                   "https://img.example.edu;script-src *", "javascript:alert(1)", "https://a:99999"])
+                                   "https://img.example.edu;script-src *", "javascript:alert(1)", "https://a:99999",
+                                   "http://[::1]:8080", "https://bücher.example"])
 def test_an_allowed_origin_that_is_not_an_origin_is_refused_with_the_variable_named(entry: str):
     with pytest.raises(ConfigurationError, match="LAB_IMAGE_ORIGINS"):
         ImageOrigins.from_env({"LAB_IMAGE_ORIGINS": entry})
