@@ -18,12 +18,13 @@ from core.ratings import one_blas_thread
 
 one_blas_thread()  # before anything imports numpy
 
-from ui import commands, engines_view, lab_state, login_guard, rounds_view  # noqa: E402
+from ui import commands, engines_view, lab_state, login_guard, page_headers, rounds_view  # noqa: E402
 from ui import session_view as session  # noqa: E402
 from core.auth import current_config  # noqa: E402
 from ui.session_view import guarded  # noqa: E402
 from ui.socket_guard import guard_socket  # noqa: E402
 from config import ConfigurationError, load_env  # noqa: E402
+from core.images import configured_image_origins  # noqa: E402
 from store import DatabaseUnavailable, StoreError  # noqa: E402
 from store.db import migrate_blocking  # noqa: E402
 
@@ -70,6 +71,8 @@ else:
 chainlit_server.router.routes.insert(0, APIRoute("/lab/state", lab_state.state_endpoint, methods=["GET"]))
 # Every answer names the replica that gave it (X-Lab-Replica), behind a proxy in front of several.
 chainlit_server.add_middleware(lab_state.ReplicaHeader)
+# Images and videos load only from the app's own origin or LAB_IMAGE_ORIGINS (core/images.py).
+chainlit_server.add_middleware(page_headers.PageHeaders, origins=configured_image_origins())
 
 if AUTH.enabled:
     # Passwords are checked off the event loop, behind per-name and per-address limits.

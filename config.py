@@ -39,9 +39,9 @@ GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAU
                     "DEFAULT_SEED", "DEFAULT_SYSTEM_PROMPT", "DEFAULT_MODE", "DEFAULT_COMPARE_BACKENDS",
                     "DEFAULT_RUN_ORDER", "DEFAULT_REVEAL", "DATABASE_URL", "AUTH_USERS", "TEACHERS", "VOTES_PER_DAY",
                     "CHAINLIT_AUTH_SECRET", "LOGIN_FREE_FAILURES", "LOGIN_MAX_DELAY_S", "LOGIN_ADDRESS_FREE_FAILURES",
-                    "LOGIN_ADDRESS_MAX_DELAY_S", "LAB_REPLICA_ID", "CAPACITY_SLO", "CAPACITY_PERCENTILE", "LAB_TEST_EMBEDDED_HOLD_FILE",
-                    "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS", "DATABASE_CONNECT_TIMEOUT_S", "DATABASE_STATEMENT_TIMEOUT_S",
-                    "LAB_OUTBOX_DIR", "LAB_OUTBOX_MAX_ROWS", "LAB_OUTBOX_MAX_BYTES")
+                    "LOGIN_ADDRESS_MAX_DELAY_S", "LAB_REPLICA_ID", "LAB_IMAGE_ORIGINS", "CAPACITY_SLO", "CAPACITY_PERCENTILE",
+                    "LAB_TEST_EMBEDDED_HOLD_FILE", "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS", "DATABASE_CONNECT_TIMEOUT_S",
+                    "DATABASE_STATEMENT_TIMEOUT_S", "LAB_OUTBOX_DIR", "LAB_OUTBOX_MAX_ROWS", "LAB_OUTBOX_MAX_BYTES")
 # Tests only, off when unset: while the file it names exists, the embedded model holds each
 # generation before its first token (backends/llamacpp.py), so a browser test can build a
 # queue behind it on any machine instead of racing the model's speed.

@@ -33,6 +33,7 @@ from core.notices import Notice
 from core.replies import Refusal, ReplyPlan, empty_reply_notice
 from core.texts import text
 from core.figures import final_props, live_props
+from core.images import configured_image_origins, remote_images_as_links
 from core.streaming import StreamOutcome, Stopped, consume
 from core.timing import FINAL_STATES, RequestRecord, TimedStream
 
@@ -335,6 +336,9 @@ def round_props(
     """
     anonymous = blind and not revealed
     texts = _revealed_text(columns, reveal, pace) if anonymous else [column.text for column in columns]
+    # Every column's whole text goes out at each refresh: images from elsewhere become links (after
+    # the reveal cut, so the cut is the same for every column).
+    texts = [remote_images_as_links(shown, configured_image_origins(), lang) for shown in texts]
     all_finished = all(column.finished for column in columns)
     props_columns = []
     for column, shown_text in zip(columns, texts):

@@ -135,6 +135,9 @@ STRINGS: dict[str, dict[str, str]] = {
         "action_status": "Backend status",
         "empty_reply": "⚠️ The engine finished without any text ({tokens} tokens, finish reason: {finish_reason}). Send again or rephrase.",
         "empty_reply_blind": "⚠️ This column's engine finished without any text.",
+        # A picture from another site in a reply, shown as a link instead (core/images.py).
+        "remote_image": "image not shown (\"{alt}\"): {address}",
+        "remote_image_no_alt": "image not shown: {address}",
     },
     "zh": {
         "backend": "后端",
@@ -259,6 +262,8 @@ STRINGS: dict[str, dict[str, str]] = {
         "action_status": "后端状态",
         "empty_reply": "⚠️ 引擎结束了回复，但没有生成任何文本（{tokens} 个 token，结束原因：{finish_reason}）。请重新发送或换个说法。",
         "empty_reply_blind": "⚠️ 这一列的引擎结束了回复，但没有生成任何文本。",
+        "remote_image": "未显示的图片（“{alt}”）：{address}",
+        "remote_image_no_alt": "未显示的图片：{address}",
     },
 }
 

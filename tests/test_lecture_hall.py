@@ -69,13 +69,19 @@ def test_the_proxy_spreads_browsers_over_both_replicas_and_each_sticks_to_one(ha
     assert set(landed) == {"app-1", "app-2"}, landed
 
 
-def test_each_replica_names_itself_and_its_state_is_not_served_through_the_proxy(hall: Hall):
+def test_each_replica_names_itself_and_its_state_goes_through_the_proxy_to_a_teacher_only(hall: Hall):
     for name, replica in hall.replicas.items():
         state = requests.get(replica.url + "/lab/state", timeout=10)
         assert state.status_code == 200 and state.json()["replica"] == name and state.json()["pid"] == replica.pid
         assert replica_of(state) == name
     through_proxy = requests.get(hall.url + "/lab/state", timeout=10)
     assert through_proxy.status_code == 403 and replica_of(through_proxy) in hall.replicas
+    # Through the proxy, a teacher's login reads it (from whichever replica answers), a student's does not.
+    teacher, _ = log_in(hall, "alice")
+    student, _ = log_in(hall, "bob")
+    as_teacher = teacher.get(hall.url + "/lab/state", timeout=10)
+    assert as_teacher.status_code == 200 and as_teacher.json()["replica"] == replica_of(as_teacher)
+    assert student.get(hall.url + "/lab/state", timeout=10).status_code == 403
 
 
 def test_a_login_on_one_replica_is_valid_on_every_replica(hall: Hall):

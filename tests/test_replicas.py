@@ -9,6 +9,7 @@ import asyncio
 import gc
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -39,9 +40,11 @@ def _replica(url: str, name: str) -> AppState:
     return state
 
 
-def test_a_replica_is_named_by_lab_replica_id_else_host_and_pid():
+def test_a_replica_is_named_by_lab_replica_id_else_by_a_random_name_kept_for_the_process():
     assert replica_id({"LAB_REPLICA_ID": "app-2"}) == "app-2"
-    assert replica_id({}).endswith(f":{os.getpid()}")
+    drawn = replica_id({})
+    assert drawn == replica_id({"LAB_REPLICA_ID": "  "}) and drawn.startswith("replica-")
+    assert str(os.getpid()) not in drawn and socket.gethostname() not in drawn
 
 
 async def test_one_load_run_at_a_time_across_replicas_of_one_database(postgres_url):

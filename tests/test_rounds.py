@@ -316,3 +316,17 @@ async def test_an_unnamed_error_says_what_kind_of_failure_only():
     await RoundRun(columns, "concurrent", Renders()).run()
     unnamed = columns[0].error_text("en", named=False)
     assert "capacity" in unnamed and "Secret" not in unnamed and "10.0.0.9" not in unnamed
+
+
+@pytest.mark.parametrize("blind", [False, True])
+def test_a_rounds_columns_show_an_image_from_elsewhere_as_a_link_with_its_address(blind: bool):
+    """Each refresh carries every column's whole text: a remote image in it is a link there, split
+    into chunks mid-address or not (core/images.py); an image on the app's own origin stays."""
+    chunks = [("Look: ![a cat](htt", 1), ("ps://evil.example/cat.png) and ", 1), ("![own](/public/x.png)", 1)]
+    columns = [column_with("A", "completed", chunks), column_with("B", "completed", [("plain", 1)])]
+    props = round_props(round_id="r", columns=columns, blind=blind, run_order="concurrent", reveal="finished",
+                        lang="en", final=True)
+    assert props["columns"][0]["text"] == (
+        'Look: [image not shown \\(\\"a cat\\"\\)\\: https\\:\\/\\/evil\\.example\\/cat\\.png]'
+        '(<https\\:\\/\\/evil\\.example\\/cat\\.png>) and ![own](/public/x.png)')
+    assert props["columns"][1]["text"] == "plain"

@@ -14,6 +14,11 @@ the task that frees a disconnected session after `session_timeout`, and
 engine.io's ping task, which ends within one ping interval after its socket
 closed. What is left, "other", has no such bound: the load test reads the state
 before and after a run, and "other" that grew and did not come back is a leak.
+
+Who may read it: a teacher's login (with login on), from anywhere; or a request
+made on the app's own machine, which is a loopback client with no forwarding
+header at all (`from_this_machine`). The counts name no one, but they are live
+per-engine load, and the operator's, not the class's.
 """
 
 from __future__ import annotations
@@ -22,12 +27,17 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from typing import Mapping
 
+import jwt
 import psutil
+from chainlit.auth import decode_jwt
+from chainlit.auth import reuseable_oauth as _chainlit_token
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from backends.registry import KINDS
+from core.auth import AuthConfig, current_config
 from core.replica import REPLICA_HEADER, replica_id
 from store.outbox import all_outboxes
 from vocabulary import LOOPBACK_HOSTS
@@ -104,7 +114,7 @@ def process_state() -> dict:
     files = [f.path for f in process.open_files()]
     database_files = sum(1 for path in files if path.endswith(DATABASE_FILE_ENDINGS))
     return {
-        # Which replica answered (LAB_REPLICA_ID, else host:pid), when several serve one class.
+        # Which replica answered (LAB_REPLICA_ID, else a random name per process), when several serve one class.
         "replica": replica_id(),
         "pid": process.pid,
         "uptime_s": round(time.monotonic() - STARTED_AT, 1),
@@ -148,13 +158,50 @@ def outbox_state() -> dict:
     }
 
 
-async def state_endpoint(request: Request) -> JSONResponse:
-    """Only for the machine the app runs on: a request from elsewhere, or one a proxy forwarded
-    (which would otherwise look local), is refused."""
+# Headers a proxy or tunnel adds to say for whom it forwards. Any of them means the request did
+# not start on this machine, whatever address it comes from (a proxy on the same machine connects
+# from loopback); a header a client sent itself is refused just the same.
+FORWARDING_HEADERS = frozenset({
+    "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+    "x-forwarded-server", "x-real-ip", "x-client-ip", "x-cluster-client-ip", "x-original-forwarded-for",
+    "true-client-ip", "cf-connecting-ip", "fastly-client-ip", "via",
+})
+REFUSED = ("GET /lab/state answers a teacher's login, or a request made on the app's own machine "
+           "(loopback, not through a proxy or tunnel that forwards it).")
+
+
+def forwarded(headers: Mapping[str, str]) -> bool:
+    """Whether a proxy (or a client posing as one) says the request came from elsewhere."""
+    return any(name.lower() in FORWARDING_HEADERS or name.lower().startswith("x-forwarded-") for name in headers)
+
+
+def from_this_machine(request: Request) -> bool:
+    """A loopback client with no forwarding header at all. A tunnel that forwards without adding
+    one looks exactly like this: only a teacher's login tells such a request apart (README)."""
     client = request.client.host if request.client else ""
-    if client not in LOOPBACK_HOSTS or "x-forwarded-for" in request.headers or "forwarded" in request.headers:
-        return JSONResponse({"error": "GET /lab/state answers only on the app's own machine (loopback, not "
-                                      "through a proxy)."}, status_code=403)
+    return client in LOOPBACK_HOSTS and not forwarded(request.headers)
+
+
+async def teacher_login(request: Request, auth: AuthConfig) -> bool:
+    """Whether the request carries a valid login (Chainlit's cookie or bearer token) of a teacher
+    (TEACHERS, as the app reads it now). With login off there is no login to carry: False."""
+    if not auth.enabled:
+        return False
+    token = await _chainlit_token(request)
+    if not token:
+        return False
+    try:
+        user = decode_jwt(token)
+    except jwt.PyJWTError:  # forged, expired, or signed with another secret
+        return False
+    return auth.is_teacher(user.identifier)
+
+
+async def state_endpoint(request: Request) -> JSONResponse:
+    """For a teacher's login (with login on) from anywhere, or for the app's own machine (loopback
+    with no forwarding header: the operator's scripts, the load test). Everyone else gets 403."""
+    if not (from_this_machine(request) or await teacher_login(request, current_config())):
+        return JSONResponse({"error": REFUSED}, status_code=403)
     return JSONResponse(process_state())
 
 

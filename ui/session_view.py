@@ -32,6 +32,7 @@ from core.input import Checked, check_message, refusal_of
 from core.session_state import LabSession
 from core.figures import initial_props
 from ui.live import LiveReply
+from core.images import configured_image_origins, remote_images_as_links
 from ui.session_memory import free_closed_sessions
 from core.settings import SessionSettings, SettingsRejected
 from ui.settings_panel import settings_widgets
@@ -393,6 +394,8 @@ class ChatReplyView:
         message.metadata = {"record": outcome.record.as_dict(), "sent": dict(plan.request.sent)}
         # The figures were sent and stored final already: Chainlit's update would send and store them again.
         message.elements = []
+        # The final text replaces the streamed one: images from elsewhere become links (core/images.py).
+        message.content = remote_images_as_links(message.content, configured_image_origins(), self.lang)
         await message.update()
         return outcome, message.id
 
