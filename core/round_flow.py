@@ -108,15 +108,21 @@ async def play(state: AppState, session: LabSession, user_text: str, display: Ro
     round_ = Round(round_id, columns, round_settings,
                    run_order_for(round_settings, [state.registry.get(name) for name in names]))
     store = await state.storage()
-    not_saved = [await _stored(store, lambda s: s.save_round(CompareRound(
+    stored_round = CompareRound(
         id=round_id, thread_id=thread_id, user_identifier=user, created_at=utc_now(), prompt=user_text,
         mode="blind" if round_settings.blind else "compare", run_order=round_.run_order,
         columns=tuple(RoundColumn(label=c.label, backend=c.backend) for c in columns),
-        reveal=round_settings.reveal if round_settings.blind else None)))]
-    redraw = await display.show(round_)
-    await RoundRun(columns, round_.run_order, redraw, plan=plan).run()
-    round_.final = True
-    await redraw()
+        reveal=round_settings.reveal if round_settings.blind else None)
+    # Stored while the round streams, not before its requests leave (a hung database held the round
+    # for its timeouts); its replies are stored after it, in order.
+    saving = asyncio.create_task(_stored(store, lambda s: s.save_round(stored_round)))
+    try:
+        redraw = await display.show(round_)
+        await RoundRun(columns, round_.run_order, redraw, plan=plan).run()
+        round_.final = True
+        await redraw()
+    finally:
+        not_saved = [await asyncio.shield(saving)]
     _remember(session, round_)
     not_saved += await _store_replies(state, store, round_, user_text, thread_id, user)
     # What the round shows once voted on, kept in the database (never sent before the vote), so that
