@@ -71,10 +71,17 @@ class LiveReply:
         self._pending: list[str] = []
         self._shown: list[str] = []
         self._text_arrived = asyncio.Event()
+        self._shown_first: asyncio.Task | None = None
 
-    async def run(self) -> StreamOutcome:
+    async def run(self, shown: Awaitable[None] | None = None) -> StreamOutcome:
         """Stream to the end, a backend error, or the person's Stop (core.streaming.consume); the
-        partial text of a stopped reply stays, and its figures say "stopped"."""
+        partial text of a stopped reply stays, and its figures say "stopped".
+
+        `shown` puts the message and its figures on screen (Chainlit's sends, a database write or
+        two): it runs while the request is on its way, not before it leaves, and nothing is drawn
+        into the message before it has finished."""
+        showing = asyncio.create_task(shown) if shown is not None else None
+        self._shown_first = showing
         renderers = [asyncio.create_task(self._text_loop()), asyncio.create_task(self._figures_loop())]
         try:
             outcome = await consume(self.timed, on_chunk=self._take)
@@ -86,6 +93,8 @@ class LiveReply:
         finally:
             for renderer in renderers:
                 renderer.cancel()
+            if showing is not None:
+                await asyncio.shield(showing)  # the message exists before its last text and figures
         await self._flush_text()
         engine_at_start = self.engine_at_start
         if callable(engine_at_start):  # a shared reading, taken while the reply streamed
@@ -113,6 +122,8 @@ class LiveReply:
     async def _text_loop(self) -> None:
         # Text that arrives while the browser was just sent some waits one interval, with what else
         # comes meanwhile; text that arrives after a quiet interval goes at once.
+        if self._shown_first is not None:
+            await asyncio.shield(self._shown_first)
         while True:
             await self._text_arrived.wait()
             self._text_arrived.clear()
@@ -124,6 +135,8 @@ class LiveReply:
         # The first drawing waits one interval: the request leaves (and its clock starts) first,
         # so no drawing of ours can sit between the clock starting and the request leaving (the
         # figures already show "starting" from the message's first send).
+        if self._shown_first is not None:
+            await asyncio.shield(self._shown_first)
         while True:
             await asyncio.sleep(self.metrics_interval_s)
             self.metrics.props = live_props(
