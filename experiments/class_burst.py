@@ -68,7 +68,7 @@ from typing import Any
 import psutil
 import socketio
 
-from bench.verdict import Goal, at_most, exit_status
+from bench.verdict import Goal, at_least, at_most, exit_status
 from config import REPO
 from core.load.slo import DEFAULT_PERCENTILE, DEFAULT_SLO, Slo, parse_slo, within
 from core.timing import percentile
