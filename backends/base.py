@@ -126,11 +126,18 @@ class ServerFigures:
 
     Every figure is None when the server did not report it ("not reported"
     in the UI). Times are in seconds.
+
+    What a reply's prompt cost: `input_tokens` (the whole prompt, as the engine
+    counted it), `cached_prompt_tokens` (the part it took from its cache and did
+    not compute again: vLLM's `prompt_tokens_details.cached_tokens`, llama-server's
+    `timings.cache_n`, the embedded model's kept prefix) and `prompt_tokens_per_s`
+    (prefill speed over the tokens it did compute).
     """
 
     source: str
     output_tokens: int | None = None
     input_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
     finish_reason: str | None = None
     queue_s: float | None = None
     first_token_s: float | None = None  # the server's own TTFT (from scheduling or arrival; see source)
@@ -152,6 +159,13 @@ class ServerFigures:
         if later.source != self.source and later.source not in self.source:
             values["source"] = f"{self.source} + {later.source}"
         return ServerFigures(**values)
+
+    @property
+    def computed_prompt_tokens(self) -> int | None:
+        """Prompt tokens the engine computed (prefill) rather than took from its cache."""
+        if self.input_tokens is None or self.cached_prompt_tokens is None:
+            return None
+        return max(self.input_tokens - self.cached_prompt_tokens, 0)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ const LABELS = {
     queue: "queue", prompt: "prompt processing", decode: "decode time", inference: "inference",
     perToken: "time per output token", decodeRate: "decode tokens/s", outputRate: "output tokens/s (incl. prefill)",
     promptRate: "prompt tokens/s", outTokens: "output tokens", inTokens: "prompt tokens",
+    cachedTokens: "prompt tokens from cache", computedTokens: "prompt tokens computed",
+    prompt: "prompt tokens", fromCache: (n) => `${n} cached`, cacheNotReported: "cache not reported",
+    prefill: "prefill tokens/s", pending: "…",
     sent: "sent to the engine", noServer: "This engine reported no figures of its own for this reply.",
     engineAtStart: "engine when the request left",
     compareRound: "Compare", blindRound: "Blind round", sequential: "one after another", concurrent: "all at once",
@@ -47,6 +50,9 @@ const LABELS = {
     queue: "排队", prompt: "提示词处理", decode: "解码时间", inference: "推理",
     perToken: "每个输出 token 的时间", decodeRate: "解码 tokens/秒", outputRate: "输出 tokens/秒（含预填充）",
     promptRate: "提示词 tokens/秒", outTokens: "输出 tokens", inTokens: "提示词 tokens",
+    cachedTokens: "来自缓存的提示词 tokens", computedTokens: "重新计算的提示词 tokens",
+    prompt: "提示词 tokens", fromCache: (n) => `${n} 个来自缓存`, cacheNotReported: "缓存未报告",
+    prefill: "预填充 tokens/秒", pending: "…",
     sent: "发送给引擎的参数", noServer: "该引擎没有为这条回复报告自己的数据。",
     engineAtStart: "请求发出时引擎的状态",
     compareRound: "比较", blindRound: "盲评", sequential: "依次运行", concurrent: "同时运行",
@@ -67,6 +73,21 @@ function fmtMs(ms) {
 
 function fmt(value, digits) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
+}
+
+// What the prompt cost, from the engine's own report: "412 · 380 cached"; "not reported" once the
+// reply has ended without the engine saying (until then it may still say, on its last chunk).
+function promptText(prompt, final, t) {
+  if (!prompt || prompt.tokens === null || prompt.tokens === undefined) return final ? t.notReported : t.pending;
+  const cached = prompt.cached === null || prompt.cached === undefined ? t.cacheNotReported : t.fromCache(prompt.cached);
+  return `${prompt.tokens} · ${cached}`;
+}
+
+function prefillText(prompt, final, t) {
+  if (!prompt || prompt.prefillTokensPerS === null || prompt.prefillTokensPerS === undefined) {
+    return final ? t.notReported : t.pending;
+  }
+  return fmt(prompt.prefillTokensPerS, 0);
 }
 
 // Inline styles: Chainlit's prebuilt Tailwind only has the classes its own UI uses.
@@ -174,6 +195,8 @@ function ServerTable({ props, t }) {
     [t.promptRate, "–", server.promptTokensPerS, (v) => fmt(v, 1)],
     [t.outTokens, String(props.tokens ?? "–"), server.outputTokens, (v) => String(v)],
     [t.inTokens, "–", server.inputTokens, (v) => String(v)],
+    [t.cachedTokens, "–", server.cachedTokens, (v) => String(v)],
+    [t.computedTokens, "–", server.computedTokens, (v) => String(v)],
   ];
   const cellStyle = { padding: "1px 10px 1px 0", textAlign: "left" };
   return (
@@ -262,6 +285,8 @@ function Figures({ p }) {
         <Cell label={t.tokens} value={`${p.tokens ?? 0}${p.tokensExact === false ? " ≈" : ""}`} testid="metrics-tokens" />
         <Cell label={t.elapsed} value={fmtMs(p.elapsedMs)} testid="metrics-elapsed" />
         {final ? <Cell label={t.tpot} value={fmt(p.msPerToken, 1)} testid="metrics-tpot" /> : null}
+        <Cell label={t.prompt} value={promptText(p.prompt, final, t)} testid="metrics-prompt" />
+        <Cell label={t.prefill} value={prefillText(p.prompt, final, t)} testid="metrics-prefill" />
       </div>
       {(p.ignored || []).map((line) => (
         <div key={line} style={{ color: "#ea580c", fontSize: "12px", marginTop: "2px" }} data-testid="metrics-ignored">
