@@ -55,6 +55,9 @@ class GenerationParams:
     min_p: float | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
+    # Benchmarks only (a trace replay): keep generating past the end-of-sequence token, so a reply is
+    # exactly max_new_tokens long (vLLM's and llama.cpp's `ignore_eos`); never set by the chat.
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -63,7 +66,8 @@ class GenerationParams:
 
     def chosen(self) -> dict[str, float | int]:
         """The settings the panel set (optional ones only when given), by their names here."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None and f.name != "ignore_eos"}
 
 
 # Names a person reads, for notes such as "top-k not supported by this engine: ignored".

@@ -227,6 +227,23 @@ def process_state() -> dict[str, dict[str, int]]:
     return state
 
 
+class PromptTokenizer:
+    """A GGUF's chat template and tokenizer alone (its vocabulary, no weights): the tokens a
+    conversation takes once templated, the way the embedded model counts them. A class trace
+    (core/load/trace.py) measures every prompt with the bundled model's, whatever engine answered."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        from llama_cpp import Llama
+
+        self.path = path or bundled_model_path()
+        self.llama = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
+        self._formatter = _chat_formatter(self.llama)
+
+    def tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        result = self._formatter(messages=[m.as_dict() for m in messages])
+        return self.llama.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+
+
 def _warm_up_decode(llama) -> None:
     """Evaluate one token and forget it: llama.cpp sets up its compute buffers on the first
     decode, which would otherwise fall inside the first reply's time to first token (llama.cpp's
@@ -351,6 +368,8 @@ class LlamaCppBackend:
         arguments = sampling_arguments(params)
         sent: dict[str, object] = {**arguments, "max_tokens": params.max_new_tokens,
                                    "seed": params.seed if params.seed is not None else "random"}
+        if params.ignore_eos:
+            sent["ignore_eos"] = True
         notes = ["settings left empty are sent as off (top-k 0, min-p 0, repeat penalty 1), "
                  "not llama-cpp-python's defaults (top-k 40, min-p 0.05)"]
         if params.greedy:
@@ -394,6 +413,7 @@ class LlamaCppBackend:
 
             worker = loop.run_in_executor(
                 model.executor, _generate, model, prompt, request.body, params.seed, max_tokens, stop, emit, self.label,
+                params.ignore_eos,
             )
             while True:
                 item = await queue.get()
@@ -411,7 +431,7 @@ class LlamaCppBackend:
 
 
 def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int | None, max_tokens: int,
-              stop: threading.Event, emit, label: str) -> None:
+              stop: threading.Event, emit, label: str, ignore_eos: bool = False) -> None:
     """Worker thread: sample up to max_tokens, emitting one chunk per token, then the engine's figures."""
     import llama_cpp
 
@@ -432,7 +452,7 @@ def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int |
             if stop.is_set():
                 finish_reason = "stopped"
                 break
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
+            if llama_cpp.llama_vocab_is_eog(vocab, token) and not ignore_eos:
                 finish_reason = "stop"
                 break
             produced += 1

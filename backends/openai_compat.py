@@ -466,6 +466,8 @@ class OpenAICompatBackend:
                 sent[name] = extensions[name] = getattr(params, name)
         if params.seed is not None:
             sent["seed"] = params.seed
+        if params.ignore_eos and self.is_vllm:
+            sent["ignore_eos"] = extensions["ignore_eos"] = True
         reason = "is not part of the OpenAI API (kind openai)" if not self.is_vllm else "is not supported"
         notes = ["settings left empty are not sent: the server's own defaults apply"]
         if self.is_vllm:
