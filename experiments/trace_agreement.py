@@ -14,7 +14,9 @@ tools send exactly the same messages). Then, against one vLLM (started here, ~1 
 
 Goals (exit 1 naming each miss): both tools completed every request; request count, total input
 tokens and total output tokens equal (vLLM's own usage on both sides); mean TTFT, mean TPOT and
-output tokens/s each within 5 % (ours / AIPerf's, on the mean of the runs).
+output tokens/s each within 5 % (ours / AIPerf's, on the mean of the runs). vLLM's own mean TTFT and
+TPOT for each run's requests (its /metrics histograms) are printed beside both tools: the server's
+truth, which tells which tool a gap comes from.
 
 Run: `.venv/bin/python -m experiments.trace_agreement [--students 6] [--turns 4] [--runs 2]
       [--base-url http://127.0.0.1:8001/v1]` (a --base-url server must run with VLLM_SERVER_DEV_MODE=1).
@@ -32,6 +34,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from backends.base import ChatMessage
 from backends.llamacpp import PromptTokenizer
 from bench.verdict import Goal, all_of, exit_status, within_ratio
@@ -43,6 +47,9 @@ from servers.app import backend_env
 from servers.process import ServerProcess, free_port
 
 TOLERANCE = 0.05
+# vLLM's own histograms, read before and after each run: the server's truth beside both tools.
+VLLM_OWN = {"mean_ttft_ms": "vllm:time_to_first_token_seconds",
+            "mean_tpot_ms": "vllm:request_time_per_output_token_seconds"}
 AIPERF = REPO / ".venv-aiperf" / "bin" / "aiperf"
 AIPERF_SETUP = "python3 -m venv .venv-aiperf && .venv-aiperf/bin/pip install aiperf==0.13.0"
 
@@ -66,6 +73,19 @@ def class_trace(students: int, turns: int, gap_s: float, stagger_s: float, outpu
                 user=f"s{student + 1}", turn=turn + 1, input_length=len(tokens), output_length=output_tokens,
                 hash_ids=hasher.hash_ids(tokens), messages=tuple(messages)))
     return sorted(trace, key=lambda r: r.timestamp_ms)
+
+
+def vllm_histogram_mean_ms(root_url: str, name: str) -> tuple[float, float]:
+    """(sum in s, count) of one of vLLM's own histograms (e.g. its TTFT), over all its label sets."""
+    with urllib.request.urlopen(f"{root_url}/metrics", timeout=10) as response:
+        text = response.read().decode("utf-8")
+    total = count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            for sample in family.samples:
+                total += sample.value if sample.name == f"{name}_sum" else 0.0
+                count += sample.value if sample.name == f"{name}_count" else 0.0
+    return total, count
 
 
 def reset_prefix_cache(root_url: str) -> None:
@@ -189,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
                 order = (("ours", ours), ("aiperf", aiperf)) if run % 2 else (("aiperf", aiperf), ("ours", ours))
                 for name, tool in order:
                     reset_prefix_cache(root)
+                    before = {key: vllm_histogram_mean_ms(root, metric) for key, metric in VLLM_OWN.items()}
                     figures = tool(base_url, trace_path, work_dir / f"{name}-{run}")
+                    for key, metric in VLLM_OWN.items():  # vLLM's own figure for exactly this run's requests
+                        (total, count), (total_0, count_0) = vllm_histogram_mean_ms(root, metric), before[key]
+                        figures[f"vllm_own_{key}"] = (total - total_0) / (count - count_0) * 1000 if count > count_0 else None
                     (ours_runs if name == "ours" else theirs_runs).append(figures)
                     print(f"run {run} {name}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                                              for k, v in figures.items() if k != "raw"), flush=True)
