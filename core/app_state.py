@@ -10,19 +10,22 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Mapping
 
 from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
 from backends.registry import BackendStatus, Registry
 from config import ChatDefaults, ConfigurationError, backend_names, load_env
 from core.auth import AuthConfig, auth_from_env
 from core.capacity import TeacherSweep
-from core.engines import EngineReadings, Simulation
+from core.engines import CacheLesson, EngineReadings, Simulation
 from core.notices import Notice
 from core.replica import process_key, replica_id
 from core.settings import load_presets
 from store import DatabaseUnavailable, SavedLater, Store, StoredReply, StoredSweep, StoreError
 from store.locks import LOAD_RUN, PROCESS_ALIVE_SPACE, HeldLock, LockKey
+
+if TYPE_CHECKING:
+    from core.load.class_fit import ClassFit
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,8 @@ class AppState:
     replica: str = field(default_factory=replica_id)
     simulation: Simulation | None = None
     capacity_sweep: "TeacherSweep | None" = None
+    cache_lesson: "CacheLesson | None" = None  # the engine panel's prefix-cache lesson, running or last run
+    class_replay: "ClassFit | None" = None  # "would today's class fit?", running or last run
     load_task: asyncio.Task | None = None
     load_notice: Notice | None = None
     load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

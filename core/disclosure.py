@@ -35,7 +35,7 @@ from typing import Iterable
 from urllib.parse import urlparse
 
 # Commands that show per-backend figures, health or load: they wait while a blind round is unvoted.
-WAITING_COMMANDS = ("stats", "replay", "leaderboard", "export_votes", "status", "engines", "bench")
+WAITING_COMMANDS = ("stats", "replay", "leaderboard", "export_votes", "status", "engines", "bench", "trace")
 HIDDEN = "[hidden until the vote]"
 SHORTEST_WORD = 3  # shorter words would match inside ordinary text
 

@@ -128,7 +128,8 @@ async def test_bench_waits_its_turn_behind_a_simulation_which_the_app_keeps_unti
     assert "A simulation is already running (1 users on TGI (stand-in))" in view.said[-1]
     await asyncio.wait_for(task, 30)
     assert view.state.load_task is None and await view.state.running_load() is None
-    assert len(tgi.requests) == 2  # the simulation's two; /bench sent none
+    # The simulated student's one whole conversation of the class set (4 turns); /bench sent none.
+    assert len(tgi.requests) == 4 and len(tgi.requests[-1].messages) == 8
     assert "| TGI (stand-in) | 1 |" in view.said[-1]  # the results table
     assert view.state.simulation.result.backend == "TGI (stand-in)"
 
