@@ -140,3 +140,37 @@ def test_the_answer_reads_like_the_capacity_sweep(tokenizer):
                                 "under 500 ms for 97% of replies on vLLM and 41% of replies on llama.cpp; "
                                 "at twice the class, 88% and 12%.")
     assert "今天的课" in fit.answer("zh") and "vLLM 上有 97%" in fit.answer("zh")
+
+
+def test_bench_replay_sends_the_class_to_a_real_server_and_answers_per_engine(tokenizer, tmp_path):
+    """`python -m bench replay` over real HTTP (the paced stand-in): every request of the trace reaches
+    the server once per student factor, a conversation's later turn carries its earlier ones, and
+    the answer names the engine in the capacity sweep's words."""
+    import os
+    import subprocess
+    import sys
+
+    from config import REPO
+    from servers.app import backend_env
+    from servers.paced_openai import start_paced_server
+
+    trace = trace_from_replies(class_replies(), tokenizer.tokens)
+    path = tmp_path / "class.jsonl"
+    path.write_bytes(trace_jsonl(trace))
+    server = start_paced_server(400, 50, name="paced-replay")
+    try:
+        env = {**os.environ, "BACKENDS": "paced", "DEFAULT_BACKEND": "paced",
+               **backend_env("paced", kind="openai", base_url=server.base_url, label="Paced")}
+        done = subprocess.run([sys.executable, "-m", "bench", "replay", str(path), "--backends", "paced",
+                               "--users", "x1", "--speed", "4", "--output", str(tmp_path / "out")],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        sent = server.requests()
+    finally:
+        server.stop()
+    assert len(sent) == len(trace) == 4
+    by_text = {entry["last_user_text"]: entry for entry in sent}
+    assert by_text["Is one word one token?"]["messages_count"] > by_text["What is a token?"]["messages_count"]
+    assert "Today's class (2 students, 4 messages" in done.stdout and "Paced" in done.stdout, done.stdout[-1500:]
+    assert "Paced" in (tmp_path / "out" / "replay.md").read_text()
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())  # written, and JSON
