@@ -315,21 +315,22 @@ class DisclosureBook:
     async def _read(self, rule: Disclosure) -> None:
         from store import StoreError  # core.disclosure stays importable without the store's engines
 
-        changes = rule.changes
-        try:
-            rounds = await self.read_person(rule.person)
-        except StoreError as error:
-            log.warning("blind rule: could not read a person's rounds (%s); views wait for it", error)
-            if not rule.read_once:
-                rule.unsure = True
-            rule.fresh_until = self.clock() + RETRY_AFTER_S
-            return
-        rule.load(rounds)
-        rule.read_once = True
-        if rule.changes == changes:  # nothing announced meanwhile: the answer holds
-            rule.fresh_until = math.inf if self._told_of_changes else self.clock() + STALE_AFTER_S
-        else:
-            rule.fresh_until = 0.0
+        while True:
+            changes = rule.changes
+            try:
+                rounds = await self.read_person(rule.person)
+            except StoreError as error:
+                log.warning("blind rule: could not read a person's rounds (%s); views wait for it", error)
+                if not rule.read_once:
+                    rule.unsure = True
+                rule.fresh_until = self.clock() + RETRY_AFTER_S
+                return
+            rule.load(rounds)
+            rule.read_once = True
+            if rule.changes == changes:  # nothing announced meanwhile: the answer holds
+                rule.fresh_until = math.inf if self._told_of_changes else self.clock() + STALE_AFTER_S
+                return
+            # A change was announced while reading: what was read may be older than it; again.
 
     @property
     def _told_of_changes(self) -> bool:
@@ -342,8 +343,20 @@ class DisclosureBook:
             if rule is not None:
                 rule.changes += 1
                 rule.fresh_until = 0.0
+                self._read_soon(rule)
         self._open_changes += 1
         self._open_until = 0.0
+
+    def _read_soon(self, rule: Disclosure) -> None:
+        """Read a person's rounds now, in the background, so that what every view of theirs checks
+        without asking (a text screened, a queue position) is up to date within moments too."""
+        if self.read_person is None or (rule.loading is not None and not rule.loading.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # told outside a loop (a test): the next view reads
+            return
+        rule.loading = loop.create_task(self._read(rule), name="blind rule read")
 
     def feed_lost(self) -> None:
         """Announcements may have been missed (the feed broke, or has just connected): read again."""
