@@ -201,6 +201,18 @@ async def on_capacity_sweep(action: cl.Action) -> dict:
     return await engines_view.capacity_sweep(action.payload)
 
 
+@cl.action_callback("cache_lesson")
+@guarded
+async def on_cache_lesson(action: cl.Action) -> dict:
+    return await engines_view.cache_lesson(action.payload)
+
+
+@cl.action_callback("class_fit")
+@guarded
+async def on_class_fit(action: cl.Action) -> dict:
+    return await engines_view.class_fit(action.payload)
+
+
 @cl.action_callback("close_panel")
 @guarded
 async def on_close_panel(action: cl.Action) -> None:

@@ -41,7 +41,8 @@ GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAU
                     "CHAINLIT_AUTH_SECRET", "LOGIN_FREE_FAILURES", "LOGIN_MAX_DELAY_S", "LOGIN_ADDRESS_FREE_FAILURES",
                     "LOGIN_ADDRESS_MAX_DELAY_S", "LAB_REPLICA_ID", "LAB_IMAGE_ORIGINS", "BLIND_OPEN_S", "CAPACITY_SLO", "CAPACITY_PERCENTILE",
                     "LAB_TEST_EMBEDDED_HOLD_FILE", "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS", "DATABASE_CONNECT_TIMEOUT_S",
-                    "DATABASE_STATEMENT_TIMEOUT_S", "LAB_OUTBOX_DIR", "LAB_OUTBOX_MAX_ROWS", "LAB_OUTBOX_MAX_BYTES")
+                    "DATABASE_STATEMENT_TIMEOUT_S", "LAB_OUTBOX_DIR", "LAB_OUTBOX_MAX_ROWS", "LAB_OUTBOX_MAX_BYTES",
+                    "CACHE_LESSON_BACKENDS")
 # Tests only, off when unset: while the file it names exists, the embedded model holds each
 # generation before its first token (backends/llamacpp.py), so a browser test can build a
 # queue behind it on any machine instead of racing the model's speed.
@@ -222,3 +223,17 @@ def backend_names(env: Mapping[str, str]) -> list[str]:
     if len(set(names)) != len(names):
         raise ConfigurationError(f"BACKENDS lists a name twice: {env.get('BACKENDS')!r}.")
     return names
+
+
+def cache_lesson_backends(env: Mapping[str, str], backend_names: tuple[str, ...] | list[str]) -> tuple[str, str] | None:
+    """CACHE_LESSON_BACKENDS: two configured backends of one engine, its prefix cache on then off (e.g. a
+    vLLM started with --enable-prefix-caching and one with --no-enable-prefix-caching), for the engine
+    panel's prefix-cache lesson; None when unset (the lesson is not offered)."""
+    raw = (env.get("CACHE_LESSON_BACKENDS") or "").strip()
+    if not raw:
+        return None
+    names = tuple(name.strip() for name in raw.split(",") if name.strip())
+    if len(names) != 2 or names[0] == names[1] or any(name not in backend_names for name in names):
+        raise ConfigurationError(f"CACHE_LESSON_BACKENDS={raw!r}: name two different backends of BACKENDS "
+                                 f"({', '.join(backend_names)}), the one with prefix caching on first.")
+    return names[0], names[1]

@@ -55,6 +55,9 @@ class GenerationParams:
     min_p: float | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
+    # Benchmarks only (a trace replay): keep generating past the end-of-sequence token, so a reply is
+    # exactly max_new_tokens long (vLLM's and llama.cpp's `ignore_eos`); never set by the chat.
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -63,7 +66,8 @@ class GenerationParams:
 
     def chosen(self) -> dict[str, float | int]:
         """The settings the panel set (optional ones only when given), by their names here."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None and f.name != "ignore_eos"}
 
 
 # Names a person reads, for notes such as "top-k not supported by this engine: ignored".
@@ -126,11 +130,18 @@ class ServerFigures:
 
     Every figure is None when the server did not report it ("not reported"
     in the UI). Times are in seconds.
+
+    What a reply's prompt cost: `input_tokens` (the whole prompt, as the engine
+    counted it), `cached_prompt_tokens` (the part it took from its cache and did
+    not compute again: vLLM's `prompt_tokens_details.cached_tokens`, llama-server's
+    `timings.cache_n`, the embedded model's kept prefix) and `prompt_tokens_per_s`
+    (prefill speed over the tokens it did compute).
     """
 
     source: str
     output_tokens: int | None = None
     input_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
     finish_reason: str | None = None
     queue_s: float | None = None
     first_token_s: float | None = None  # the server's own TTFT (from scheduling or arrival; see source)
@@ -152,6 +163,13 @@ class ServerFigures:
         if later.source != self.source and later.source not in self.source:
             values["source"] = f"{self.source} + {later.source}"
         return ServerFigures(**values)
+
+    @property
+    def computed_prompt_tokens(self) -> int | None:
+        """Prompt tokens the engine computed (prefill) rather than took from its cache."""
+        if self.input_tokens is None or self.cached_prompt_tokens is None:
+            return None
+        return max(self.input_tokens - self.cached_prompt_tokens, 0)
 
 
 @dataclass(frozen=True)

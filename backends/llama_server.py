@@ -67,6 +67,8 @@ def sampling_fields(params: GenerationParams) -> dict[str, Any]:
     fields["max_tokens"] = params.max_new_tokens
     if params.seed is not None:
         fields["seed"] = params.seed
+    if params.ignore_eos:
+        fields["ignore_eos"] = True
     return fields
 
 

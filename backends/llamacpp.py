@@ -227,6 +227,23 @@ def process_state() -> dict[str, dict[str, int]]:
     return state
 
 
+class PromptTokenizer:
+    """A GGUF's chat template and tokenizer alone (its vocabulary, no weights): the tokens a
+    conversation takes once templated, the way the embedded model counts them. A class trace
+    (core/load/trace.py) measures every prompt with the bundled model's, whatever engine answered."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        from llama_cpp import Llama
+
+        self.path = path or bundled_model_path()
+        self.llama = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
+        self._formatter = _chat_formatter(self.llama)
+
+    def tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        result = self._formatter(messages=[m.as_dict() for m in messages])
+        return self.llama.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+
+
 def _warm_up_decode(llama) -> None:
     """Evaluate one token and forget it: llama.cpp sets up its compute buffers on the first
     decode, which would otherwise fall inside the first reply's time to first token (llama.cpp's
@@ -351,6 +368,8 @@ class LlamaCppBackend:
         arguments = sampling_arguments(params)
         sent: dict[str, object] = {**arguments, "max_tokens": params.max_new_tokens,
                                    "seed": params.seed if params.seed is not None else "random"}
+        if params.ignore_eos:
+            sent["ignore_eos"] = True
         notes = ["settings left empty are sent as off (top-k 0, min-p 0, repeat penalty 1), "
                  "not llama-cpp-python's defaults (top-k 40, min-p 0.05)"]
         if params.greedy:
@@ -394,6 +413,7 @@ class LlamaCppBackend:
 
             worker = loop.run_in_executor(
                 model.executor, _generate, model, prompt, request.body, params.seed, max_tokens, stop, emit, self.label,
+                params.ignore_eos,
             )
             while True:
                 item = await queue.get()
@@ -411,7 +431,7 @@ class LlamaCppBackend:
 
 
 def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int | None, max_tokens: int,
-              stop: threading.Event, emit, label: str) -> None:
+              stop: threading.Event, emit, label: str, ignore_eos: bool = False) -> None:
     """Worker thread: sample up to max_tokens, emitting one chunk per token, then the engine's figures."""
     import llama_cpp
 
@@ -422,6 +442,9 @@ def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int |
     finish_reason = "length"
     produced = 0
     llama.set_seed(seed if seed is not None else RANDOM_SEED)
+    # What `generate` will keep of the context the previous request left (read before it changes it).
+    reused = kept_prefix(llama.input_ids[: llama.n_tokens].tolist(), prompt,
+                         logits_live=not getattr(llama, "_requires_eval", True))
     llama_cpp.llama_perf_context_reset(llama.ctx)
     tokens = llama.generate(prompt, **sampling)
     try:
@@ -429,7 +452,7 @@ def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int |
             if stop.is_set():
                 finish_reason = "stopped"
                 break
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
+            if llama_cpp.llama_vocab_is_eog(vocab, token) and not ignore_eos:
                 finish_reason = "stop"
                 break
             produced += 1
@@ -443,7 +466,7 @@ def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int |
             _hold_mid_reply_for_tests(produced, stop)
         tail = decoder.decode(b"", final=True)
         emit(StreamChunk(text=tail, token_count=0, finish_reason=finish_reason, arrived_at_s=time.perf_counter(),
-                         server_figures=perf_figures(llama_cpp.llama_perf_context(llama.ctx), len(prompt))))
+                         server_figures=perf_figures(llama_cpp.llama_perf_context(llama.ctx), len(prompt), reused)))
     except (RuntimeError, ValueError) as error:  # llama_decode failures surface as RuntimeError
         emit(GenerationFailed(label, str(llama.model_path), f"generation failed: {error}",
                               hint="Try a shorter conversation, or check the model file."))
@@ -475,18 +498,42 @@ def _hold_mid_reply_for_tests(produced: int, stop: threading.Event, poll_s: floa
         time.sleep(poll_s)
 
 
-def perf_figures(perf, prompt_tokens: int) -> ServerFigures:
+def kept_prefix(context_tokens, prompt: Sequence[int], *, logits_live: bool) -> int:
+    """How many leading prompt tokens `Llama.generate` (llama-cpp-python 0.3.36, `reset=True`) keeps
+    from the context the previous request left instead of evaluating them again.
+
+    It keeps the longest common prefix of the two. When that prefix is the whole prompt, it
+    evaluates the last prompt token again to get fresh logits (so one token less is kept), unless
+    the context is exactly the prompt and its logits are still those of a live decode (then it
+    samples at once). One model serves every session in turn, so a conversation's next turn finds
+    its prefix only if no other request used the model in between: the engine's real behaviour.
+    Checked against llama.cpp's own count of evaluated prompt tokens (`n_p_eval`) in the tests.
+    """
+    common = 0
+    for kept, wanted in zip(context_tokens, prompt):
+        if kept != wanted:
+            break
+        common += 1
+    if common < len(prompt) or common == 0:
+        return common
+    return common if len(context_tokens) == len(prompt) and logits_live else common - 1
+
+
+def perf_figures(perf, prompt_tokens: int, reused_tokens: int | None = None) -> ServerFigures:
     """llama.cpp's own timing of one generation (`llama_perf_context` after a reset).
 
-    `n_p_eval`/`t_p_eval_ms` cover the prompt tokens actually evaluated (a
-    prefix reused from the previous request is not evaluated again);
-    `n_eval`/`t_eval_ms` the single-token decode steps.
+    `n_p_eval`/`t_p_eval_ms` cover the prompt tokens actually evaluated in batches (a
+    prefix reused from the previous request is not evaluated again: `reused_tokens`,
+    from `kept_prefix`); `n_eval`/`t_eval_ms` the single-token decode steps. llama.cpp
+    reports at least 1 for each count, and counts a single evaluated prompt token as a
+    decode step, so its prompt rate is given only where a prompt batch took time.
     """
     prompt_s = perf.t_p_eval_ms / 1000.0
     decode_s = perf.t_eval_ms / 1000.0
     return ServerFigures(
         source=PERF_SOURCE,
         input_tokens=prompt_tokens,
+        cached_prompt_tokens=reused_tokens,
         prompt_s=prompt_s,
         decode_s=decode_s,
         inference_s=prompt_s + decode_s,

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -195,6 +195,12 @@ def check_chunk_shape(data: object) -> None:
         count = (usage or {}).get(name)
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
             raise problem(f'"usage.{name}" is a {kind(count)}, not a whole number')
+    details = (usage or {}).get("prompt_tokens_details")
+    if details is not None and not isinstance(details, Mapping):
+        raise problem(f'"usage.prompt_tokens_details" is a {kind(details)}, not an object')
+    cached = (details or {}).get("cached_tokens")
+    if cached is not None and (isinstance(cached, bool) or not isinstance(cached, int)):
+        raise problem(f'"usage.prompt_tokens_details.cached_tokens" is a {kind(cached)}, not a whole number')
 
 
 def server_figures(data: Mapping[str, Any], usage_source: str) -> ServerFigures | None:
@@ -205,10 +211,12 @@ def server_figures(data: Mapping[str, Any], usage_source: str) -> ServerFigures 
     figures: ServerFigures | None = None
     # Usage on a chunk mid-stream is a running count (vLLM continuous usage), not the server's report.
     if usage is not None and (not choices or finishing):
+        details = usage.get("prompt_tokens_details") or {}
         figures = ServerFigures(
             source=usage_source,
             output_tokens=usage.get("completion_tokens"),
             input_tokens=usage.get("prompt_tokens"),
+            cached_prompt_tokens=details.get("cached_tokens"),
         )
     metrics = data.get("metrics")
     if isinstance(metrics, Mapping):
@@ -218,7 +226,20 @@ def server_figures(data: Mapping[str, Any], usage_source: str) -> ServerFigures 
     if isinstance(timings, Mapping):
         reported = llamacpp_server_timings(timings)
         figures = reported if figures is None else figures.merged(reported)
-    return figures
+    return None if figures is None else with_prefill_rate(figures)
+
+
+def with_prefill_rate(figures: ServerFigures) -> ServerFigures:
+    """vLLM reports no prefill time of its own, but its per-request `time_to_first_token_ms` runs from
+    the request's scheduling to its first token: the prefill (and one sampling step). Its prefill
+    speed is then the prompt tokens it computed (all but the cached ones) over that time. An engine
+    that reports its own prompt rate (llama.cpp's `prompt_per_second`) keeps it."""
+    if figures.prompt_tokens_per_s is not None or figures.first_token_s is None or figures.first_token_s <= 0:
+        return figures
+    computed = figures.computed_prompt_tokens
+    if computed is None or computed <= 0:
+        return figures
+    return replace(figures, prompt_tokens_per_s=computed / figures.first_token_s)
 
 
 def _ms(value: Any) -> float | None:
@@ -245,11 +266,18 @@ def vllm_request_metrics(metrics: Mapping[str, Any]) -> ServerFigures:
 
 
 def llamacpp_server_timings(timings: Mapping[str, Any]) -> ServerFigures:
-    """llama.cpp server's `timings` (prompt_n/prompt_ms, predicted_n/predicted_ms, rates)."""
+    """llama.cpp server's `timings` (prompt_n/prompt_ms, predicted_n/predicted_ms, rates).
+
+    `cache_n` is the prompt tokens it reused from the slot's cache, `prompt_n` the ones it
+    evaluated (its `prompt_per_second` is over those), so the prompt is their sum."""
     prompt_s = _ms(timings.get("prompt_ms"))
     decode_s = _ms(timings.get("predicted_ms"))
+    cached, evaluated = timings.get("cache_n"), timings.get("prompt_n")
+    whole = isinstance(cached, int) and isinstance(evaluated, int)
     return ServerFigures(
         source="llama.cpp server timings",
+        input_tokens=cached + evaluated if whole else None,
+        cached_prompt_tokens=cached if isinstance(cached, int) else None,
         output_tokens=timings.get("predicted_n"),
         prompt_s=prompt_s,
         decode_s=decode_s,
@@ -438,6 +466,8 @@ class OpenAICompatBackend:
                 sent[name] = extensions[name] = getattr(params, name)
         if params.seed is not None:
             sent["seed"] = params.seed
+        if params.ignore_eos and self.is_vllm:
+            sent["ignore_eos"] = extensions["ignore_eos"] = True
         reason = "is not part of the OpenAI API (kind openai)" if not self.is_vllm else "is not supported"
         notes = ["settings left empty are not sent: the server's own defaults apply"]
         if self.is_vllm:

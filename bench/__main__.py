@@ -1,7 +1,15 @@
 """`python -m bench`: the article's table on this hardware (`python -m bench sweep`: capacity, see bench/sweep.py).
 
     python -m bench [--backends vllm,tgi,llama_cpp] [--concurrency 1,8] [--requests 16]
-                    [--max-new-tokens 128] [--prompts en|zh|FILE.jsonl] [--warmup 1] [--output DIR]
+                    [--max-new-tokens 128] [--prompts en|zh|FILE.jsonl | --conversations en|zh|FILE.jsonl
+                    [--think-time 1]] [--warmup 1] [--output DIR]
+    python -m bench sweep ...      the capacity sweep (bench/sweep.py)
+    python -m bench replay TRACE   a class's recorded traffic on the engines (bench/replay.py)
+
+With --conversations each person at a level talks through whole conversations
+(prompts/conversations/: a class's system prompt and several turns), reading each
+reply for --think-time seconds before the next turn; the table adds TTFT by turn
+number and how much of each turn's prompt the engine took from its cache.
 
 Measures every chosen backend of `.env` that is up (default: all configured)
 at each concurrency, one backend at a time, with the app's own load engine and
@@ -24,8 +32,9 @@ from pathlib import Path
 
 from backends.errors import UnknownBackend
 from backends.registry import Registry
-from core.load.article import BenchmarkRun, RunSettings, article_table, run_benchmark, write_outputs
-from core.load.prompt_sets import PromptSetError, load_prompt_set
+from core.load.article import BenchmarkRun, RunSettings, article_table, run_benchmark, turn_lines, write_outputs
+from core.load.prompt_sets import PromptSetError, load_conversation_set, load_prompt_set
+from core.load.runner import planned_requests
 from bench.verdict import Goal, all_of, at_least, exit_status
 from config import REPO, ConfigurationError, load_env
 
@@ -83,10 +92,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=_levels, default=(1, 8), help="levels, e.g. 1,8 (default 1,8)")
     parser.add_argument("--requests", type=_whole(1, MAX_REQUESTS), default=16, help="requests per level (16)")
     parser.add_argument("--max-new-tokens", type=_whole(1, 4096), default=128, help="per request (128)")
-    parser.add_argument("--prompts", default="en", help="zh, en or a JSONL file (default en)")
+    add_workload_arguments(parser)
     parser.add_argument("--warmup", type=_whole(0, 100), default=1, help="warm-up requests per backend (1)")
     parser.add_argument("--output", type=Path, help="folder for the four files (default bench/results/<time>)")
     return parser.parse_args(argv)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"{value:g} is outside 0..600 seconds")
+    return value
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """--prompts or --conversations (with --think-time): what each level sends (bench and bench sweep)."""
+    workload = parser.add_mutually_exclusive_group()
+    workload.add_argument("--prompts", default=None, help="zh, en or a JSONL file of single prompts (default en)")
+    workload.add_argument("--conversations", default=None,
+                          help="zh, en or a JSONL file of conversations (prompts/conversations/): multi-turn")
+    parser.add_argument("--think-time", type=_seconds, default=1.0,
+                        help="conversations: seconds a person reads a reply before the next turn (1)")
+
+
+def load_workload(args: argparse.Namespace):
+    """The prompts or conversations the arguments name (raises PromptSetError)."""
+    if args.conversations:
+        return load_conversation_set(args.conversations)
+    return load_prompt_set(args.prompts or "en")
 
 
 async def _main(args: argparse.Namespace, names: list[str], registry: Registry, prompts,
@@ -94,8 +130,12 @@ async def _main(args: argparse.Namespace, names: list[str], registry: Registry, 
     from bench.progress import progress_bar, request_progress
 
     settings = RunSettings(concurrency=args.concurrency, requests=args.requests,
-                           max_new_tokens=args.max_new_tokens, warmup=args.warmup, prompt_set=args.prompts)
-    total = len(names) * (settings.warmup + settings.requests * len(settings.concurrency))
+                           max_new_tokens=args.max_new_tokens, warmup=args.warmup,
+                           prompt_set=args.conversations or args.prompts or "en",
+                           conversations=bool(args.conversations),
+                           think_time_s=args.think_time if args.conversations else 0.0)
+    total = len(names) * (settings.warmup + sum(
+        planned_requests(prompts, settings.requests, level) for level in settings.concurrency))
     bar = progress_bar(total)
     progress = request_progress(bar)
 
@@ -108,6 +148,10 @@ async def _main(args: argparse.Namespace, names: list[str], registry: Registry, 
     paths = write_outputs(run, output)
     print()
     print(article_table(run))
+    if run.settings.conversations:
+        print("TTFT by turn (mean):")
+        for line in turn_lines(run):
+            print(f"  {line}")
     print("Wrote " + ", ".join(str(path) for path in paths.values()))
     if run.interrupted:
         return 130
@@ -119,11 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["sweep"]:  # python -m bench sweep ...: the capacity sweep (bench/sweep.py)
         from bench.sweep import main as sweep_main
         return sweep_main(argv[1:])
+    if argv[:1] == ["replay"]:  # python -m bench replay TRACE: a class's traffic (bench/replay.py)
+        from bench.replay import main as replay_main
+        return replay_main(argv[1:])
     args = parse_args(argv)
     load_env()
     try:
         registry = Registry.from_env(dict(os.environ))
-        prompts = load_prompt_set(args.prompts)
+        prompts = load_workload(args)
         names = [n.strip() for n in args.backends.split(",") if n.strip()] if args.backends else registry.names
         for name in names:
             registry.get(name)

@@ -1,6 +1,12 @@
 """The lecture hall under load: 200 students on two app replicas behind nginx, one PostgreSQL.
 
     python -m bench.lecture_hall [--users 200] [--minutes 2] [--replicas 2] [--workers 2] [--results DIR]
+                                 [--phases spread,burst] [--burst-every-s 20]
+
+Two phases on the same deployment, one after the other: "spread", students thinking 5-15 s between
+messages (a class working on its own), and "burst", every student sending at the same second
+(LOAD_BURST_EVERY_S: each multiple of --burst-every-s of the clock, as when a teacher says "now").
+Each phase is reported and judged on its own.
 
 Everything runs on 127.0.0.1 and is stopped by PID at the end: a throwaway PostgreSQL
 (servers/postgres.py), the paced OpenAI-protocol stand-in (servers/paced_openai.py: PACED_RATE
@@ -84,8 +90,9 @@ def _ms(value: float | None) -> str:
 
 
 def report(records: list[dict], rss: dict[str, list[tuple[float, float]]], rows_written: int,
-           warm_up_s: float) -> tuple[list[str], list[Goal]]:
-    """The per-replica and total table, and the goals, from the students' records."""
+           warm_up_s: float, phase: str = "") -> tuple[list[str], list[Goal]]:
+    """The per-replica and total table, and the goals, from the students' records (`phase`: named in
+    each goal, when a run has several)."""
     opens = [r for r in records if r["kind"] == "open"]
     messages = [r for r in records if r["kind"] == "message"]
     names = sorted({r.get("replica") or "?" for r in opens + messages} | set(rss))
@@ -118,17 +125,23 @@ def report(records: list[dict], rss: dict[str, list[tuple[float, float]]], rows_
             students[o.get("replica") or "?"] += 1
     total_students = sum(students.values())
     smallest_share = min((students.get(name, 0) / total_students for name in rss), default=None) if total_students else None
+    named = f"{phase}: " if phase else ""
     goals = [
-        at_most("failed messages (errors, empty, timeouts, lost sockets), share", 
+        at_most(f"{named}failed messages (errors, empty, timeouts, lost sockets), share",
                 len(failed) / len(finished) if finished else None, MAX_FAILED_SHARE, digits=3),
-        at_least("replies shown that have their row in the database (rows written - replies shown)",
-                 rows_written - len(replied) if replied else None, 0, digits=0),
-        at_least("smallest replica's share of the students", smallest_share, MIN_REPLICA_SHARE, digits=2),
-        at_most("app's added delay to the first text, p50", (percentile_of(first, 50) or 0) * 1000 if first else None,
-                ADDED_TTFT_P50_MS, unit="ms", digits=0),
-        at_most("app's added delay to the first text, p99", (percentile_of(first, 99) or 0) * 1000 if first else None,
-                ADDED_TTFT_P99_MS, unit="ms", digits=0),
+        at_least(f"{named}smallest replica's share of the students", smallest_share, MIN_REPLICA_SHARE, digits=2),
+        at_most(f"{named}app's added delay to the first text, p50",
+                (percentile_of(first, 50) or 0) * 1000 if first else None, ADDED_TTFT_P50_MS, unit="ms", digits=0),
+        at_most(f"{named}app's added delay to the first text, p99",
+                (percentile_of(first, 99) or 0) * 1000 if first else None, ADDED_TTFT_P99_MS, unit="ms", digits=0),
     ]
+    if rows_written >= 0:
+        goals.insert(1, at_least("replies shown that have their row in the database (rows written - replies shown)",
+                                 rows_written - len(replied) if replied else None, 0, digits=0))
+    bursts = sorted({m["burst_at"] for m in messages if m.get("burst_at") is not None})
+    if bursts:
+        lines.append(f"bursts: {len(bursts)}, students sending at each: "
+                     f"{', '.join(str(sum(1 for m in messages if m.get('burst_at') == at)) for at in bursts)}")
     return lines, goals
 
 
@@ -139,6 +152,35 @@ async def _count_replies(url: str) -> int:
         return (await store.row_counts()).get("replies", 0)
 
 
+def _run_locust(args: argparse.Namespace, proxy: Proxy, results: Path, run_s: int, burst_every_s: float,
+                started: list, clock_started: float) -> None:
+    """One Locust run (a master and its workers) through the proxy, its records into `results`."""
+    load_env = {**os.environ, "LOAD_RESULTS_DIR": str(results), "LOAD_BURST_EVERY_S": str(burst_every_s)}
+    master_port = free_port()
+    locust = str(LOAD_VENV / "bin" / "locust")
+    master = ServerProcess(f"hall-locust-master-{results.name}", [
+        locust, "-f", "load/locustfile.py", "--master", "--master-bind-host", "127.0.0.1",
+        "--master-bind-port", str(master_port), "--headless", "--only-summary", "--loglevel", "WARNING",
+        "-u", str(args.users), "-r", str(args.spawn_rate), "-t", f"{run_s}s", "--stop-timeout", "30",
+        "--expect-workers", str(args.workers), "--exit-code-on-error", "0",
+        "--host", proxy.url, "--csv", str(results / "locust")], env=load_env).start()
+    started.append(master.stop)
+    for index in range(args.workers):
+        worker = ServerProcess(f"hall-locust-worker-{results.name}-{index + 1}", [
+            locust, "-f", "load/locustfile.py", "--worker", "--master-host", "127.0.0.1",
+            "--master-port", str(master_port), "--loglevel", "WARNING"], env=load_env).start()
+        started.append(worker.stop)
+    deadline = time.monotonic() + run_s + 180
+    while master.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(5)
+        messages = [r for r in _records(results) if r["kind"] == "message"]
+        print(f"    [{time.monotonic() - clock_started:5.0f} s] messages {len(messages)}, replied "
+              f"{sum(1 for m in messages if m['outcome'] == 'replied')}", flush=True)
+    if master.process.poll() is None:
+        print("Locust's master did not end in time; stopping it", file=sys.stderr)
+    master.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.lecture_hall", description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=200)
@@ -147,7 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="Locust workers (processes)")
     parser.add_argument("--spawn-rate", type=float, default=10.0, help="students joining per second")
     parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument("--phases", type=lambda text: [p for p in text.split(",") if p], default=["spread", "burst"],
+                        help="spread (think times), burst (all at once), or both in turn (default)")
+    parser.add_argument("--burst-every-s", type=float, default=20.0,
+                        help="burst phase: every student sends at each multiple of this many seconds (20)")
     args = parser.parse_args(argv)
+    if not args.phases or any(phase not in ("spread", "burst") for phase in args.phases):
+        parser.error("--phases: spread, burst or spread,burst")
+    if args.burst_every_s < 5:
+        parser.error("--burst-every-s: at least 5 (a reply must end before the next burst)")
     if not 1 <= args.users <= MAX_USERS or not 0.2 <= args.minutes <= MAX_MINUTES or not 1 <= args.replicas <= 4 \
             or not 1 <= args.workers <= 4:
         parser.error(f"--users 1..{MAX_USERS}, --minutes 0.2..{MAX_MINUTES}, --replicas 1..4, --workers 1..4")
@@ -181,45 +231,38 @@ def main(argv: list[str] | None = None) -> int:
         sampler_started = time.monotonic()
         sampler = threading.Thread(target=_rss_sampler, args=(replicas, rss, stop_sampling, sampler_started), daemon=True)
         sampler.start()
-        load_env = {**os.environ, "LOAD_RESULTS_DIR": str(results)}
-        master_port = free_port()
-        locust = str(LOAD_VENV / "bin" / "locust")
-        master = ServerProcess("hall-locust-master", [
-            locust, "-f", "load/locustfile.py", "--master", "--master-bind-host", "127.0.0.1",
-            "--master-bind-port", str(master_port), "--headless", "--only-summary", "--loglevel", "WARNING",
-            "-u", str(args.users), "-r", str(args.spawn_rate), "-t", f"{run_s}s", "--stop-timeout", "30",
-            "--expect-workers", str(args.workers), "--exit-code-on-error", "0",
-            "--host", proxy.url, "--csv", str(results / "locust")], env=load_env).start()
-        started.append(master.stop)
-        for index in range(args.workers):
-            worker = ServerProcess(f"hall-locust-worker-{index + 1}", [
-                locust, "-f", "load/locustfile.py", "--worker", "--master-host", "127.0.0.1",
-                "--master-port", str(master_port), "--loglevel", "WARNING"], env=load_env).start()
-            started.append(worker.stop)
-        deadline = time.monotonic() + run_s + 180
-        while master.process.poll() is None and time.monotonic() < deadline:
-            time.sleep(5)
-            messages = [r for r in _records(results) if r["kind"] == "message"]
-            print(f"    [{time.monotonic() - sampler_started:5.0f} s] messages {len(messages)}, replied "
-                  f"{sum(1 for m in messages if m['outcome'] == 'replied')}", flush=True)
-        if master.process.poll() is None:
-            print("Locust's master did not end in time; stopping it", file=sys.stderr)
-        # Replies still being generated for students who left, and rows waiting in a replica's outbox
-        # (written when the database takes them): let them be written before counting.
-        drain_until = time.monotonic() + DRAIN_S
-        while (waiting := sum(_still_to_write(app) for app in replicas.values())) and time.monotonic() < drain_until:
-            time.sleep(1)
-        print(f"after {DRAIN_S - max(0.0, drain_until - time.monotonic()):.0f} s of drain: {waiting} replies or rows "
-              "still to be written", flush=True)
+        for phase in args.phases:
+            phase_dir = results / phase
+            phase_dir.mkdir(parents=True, exist_ok=True)
+            burst_every_s = args.burst_every_s if phase == "burst" else 0.0
+            print(f"--- phase {phase}: " + (f"every student sends at each {burst_every_s:g} s of the clock"
+                                             if burst_every_s else "students think 5-15 s between messages"), flush=True)
+            _run_locust(args, proxy, phase_dir, run_s, burst_every_s, started, sampler_started)
+            # Replies still being generated for students who left, and rows waiting in a replica's outbox
+            # (written when the database takes them): let them be written before the next phase or the count.
+            drain_until = time.monotonic() + DRAIN_S
+            while (waiting := sum(_still_to_write(app) for app in replicas.values())) and time.monotonic() < drain_until:
+                time.sleep(1)
+            print(f"after {DRAIN_S - max(0.0, drain_until - time.monotonic()):.0f} s of drain: {waiting} replies or "
+                  "rows still to be written", flush=True)
         rows_written = asyncio.run(_count_replies(database))
     finally:
         stop_sampling.set()
         for stop in reversed(started):
             stop()
-    lines, goals = report(_records(results), rss, rows_written, warm_up_s=30.0)
-    (results / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"(stand-in: paced test server, {rate} tokens/s, {tokens} tokens per reply; think time "
+    goals: list[Goal] = []
+    replied_in_all = 0
+    for phase in args.phases:
+        records = _records(results / phase)
+        replied_in_all += sum(1 for r in records if r["kind"] == "message" and r["outcome"] == "replied")
+        lines, phase_goals = report(records, rss, -1, warm_up_s=30.0, phase=phase)
+        (results / phase / "report.md").write_text("\n".join(lines) + "\n")
+        print(f"\n### {phase}\n" + "\n".join(lines))
+        goals += phase_goals
+    goals.insert(0, at_least("replies shown that have their row in the database (rows written - replies shown)",
+                             rows_written - replied_in_all if replied_in_all else None, 0, digits=0))
+    print(f"rows written (replies table): {rows_written}; replies the students saw in all phases: {replied_in_all}")
+    print(f"(stand-in: paced test server, {rate} tokens/s, {tokens} tokens per reply; spread phase think time "
           f"{os.environ.get('LOAD_THINK_MIN_S', '5')}-{os.environ.get('LOAD_THINK_MAX_S', '15')} s)")
     return exit_status(goals)
 

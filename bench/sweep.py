@@ -3,7 +3,12 @@
     python -m bench sweep [--backends vllm,llama_cpp] [--concurrency 1,2,4,8,16 | --rates 0.5,1,2,4
                           [--burstiness 1.0] [--max-concurrency N]] [--slo ttft_ms=500,tpot_ms=50]
                           [--percentile 90] [--requests 16] [--max-seconds 90] [--max-new-tokens 64]
-                          [--prompts en|zh|FILE.jsonl] [--seed 0] [--expect-capacity N] [--output DIR]
+                          [--prompts en|zh|FILE.jsonl | --conversations en|zh|FILE.jsonl [--think-time 1]]
+                          [--seed 0] [--expect-capacity N] [--output DIR]
+
+With --conversations a level's people talk through whole conversations (turn after
+turn, reading each reply --think-time seconds): a level of N is N people in
+conversation at once, and capacity.md adds TTFT by turn number.
 
 Each chosen backend that is up (one at a time) gets the levels in order until it
 saturates (achieved/offered request rate below 0.98, tokens/s no longer rising
@@ -35,8 +40,10 @@ from pathlib import Path
 from backends.errors import UnknownBackend
 from backends.registry import Registry
 from bench.verdict import Goal, all_of, at_least, exit_status
+from bench.__main__ import add_workload_arguments, load_workload
 from config import REPO, ConfigurationError, load_env
-from core.load.prompt_sets import PromptSetError, load_prompt_set
+from core.load.prompt_sets import PromptSetError
+from core.load.runner import planned_requests
 from core.load.slo import SloError, parse_slo
 from core.load.sweep import (DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_SECONDS, DEFAULT_REQUESTS,
                              SweepRun, SweepSettings, capacity, run_sweep)
@@ -96,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"per level: no request is sent after this ({DEFAULT_MAX_SECONDS:g})")
     parser.add_argument("--max-new-tokens", type=_bounded(int, 1, 4096), default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"per request ({DEFAULT_MAX_NEW_TOKENS})")
-    parser.add_argument("--prompts", default="en", help="zh, en or a JSONL file (default en)")
+    add_workload_arguments(parser)
     parser.add_argument("--warmup", type=_bounded(int, 0, 100), default=1, help="warm-up requests per engine (1)")
     parser.add_argument("--seed", type=_bounded(int, 0, 2 ** 31), default=0, help="arrival schedule seed (0)")
     parser.add_argument("--expect-capacity", type=_bounded(float, 0.001, 100000),
@@ -119,7 +126,9 @@ def settings_from(args: argparse.Namespace) -> SweepSettings:
     return SweepSettings(mode=mode, levels=tuple(float(level) for level in levels), slo=slo, requests=args.requests,
                          max_seconds=args.max_seconds, max_new_tokens=args.max_new_tokens,
                          burstiness=args.burstiness, max_concurrency=args.max_concurrency, warmup=args.warmup,
-                         seed=args.seed, prompt_set=args.prompts)
+                         seed=args.seed, prompt_set=args.conversations or args.prompts or "en",
+                         conversations=bool(args.conversations),
+                         think_time_s=args.think_time if args.conversations else 0.0)
 
 
 def sweep_goals(run: SweepRun, required: list[str] | tuple[str, ...] = (),
@@ -153,7 +162,9 @@ async def _main(args: argparse.Namespace, settings: SweepSettings, names: list[s
     from core.load.article import hardware_summary
     from core.load.sweep_report import answers, levels_table, write_sweep
 
-    total = len(names) * (settings.warmup + sum(settings.requests_at(level) for level in settings.levels))
+    total = len(names) * (settings.warmup + sum(planned_requests(
+        prompts, settings.requests_at(level), int(level) if settings.mode == "concurrency" else 1)
+        for level in settings.levels))
     bar = progress_bar(total)
     progress = request_progress(bar)
 
@@ -189,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from(args)
         registry = Registry.from_env(dict(os.environ))
-        prompts = load_prompt_set(args.prompts)
+        prompts = load_workload(args)
         names = [n.strip() for n in args.backends.split(",") if n.strip()] if args.backends else registry.names
         for name in names:
             registry.get(name)

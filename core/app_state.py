@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Mapping
 
 from backends.base import display_label
 from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
@@ -20,7 +20,7 @@ from config import ChatDefaults, ConfigurationError, backend_names, load_env, pa
 from core.auth import AuthConfig, auth_from_env
 from core.capacity import TeacherSweep
 from core.disclosure import Disclosure, DisclosureBook, HeldRound, identifying_words
-from core.engines import EngineReadings, Simulation
+from core.engines import CacheLesson, EngineReadings, Simulation
 from core.notices import Notice
 from core.replica import process_key, replica_id
 from core.settings import load_presets
@@ -29,6 +29,9 @@ from store.changes import ChangeFeed
 from store.db import BLIND_CHANNEL
 from store.locks import LOAD_RUN, PROCESS_ALIVE_SPACE, HeldLock, LockKey
 from store.records import utc_now
+
+if TYPE_CHECKING:
+    from core.load.class_fit import ClassFit
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,8 @@ class AppState:
     replica: str = field(default_factory=replica_id)
     simulation: Simulation | None = None
     capacity_sweep: "TeacherSweep | None" = None
+    cache_lesson: "CacheLesson | None" = None  # the engine panel's prefix-cache lesson, running or last run
+    class_replay: "ClassFit | None" = None  # "would today's class fit?", running or last run
     load_task: asyncio.Task | None = None
     load_notice: Notice | None = None
     load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

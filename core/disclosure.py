@@ -59,7 +59,7 @@ from urllib.parse import urlparse
 log = logging.getLogger(__name__)
 
 # Commands that show per-backend figures, health or load: they wait while a blind round is unvoted.
-WAITING_COMMANDS = ("stats", "replay", "leaderboard", "export_votes", "status", "engines", "bench")
+WAITING_COMMANDS = ("stats", "replay", "leaderboard", "export_votes", "status", "engines", "bench", "trace")
 HIDDEN = "[hidden until the vote]"
 SHORTEST_WORD = 3  # shorter words would match inside ordinary text
 # Without a change feed (SQLite needs none; PostgreSQL's broke or is connecting) a person's answer is

@@ -5,6 +5,11 @@ for an engine that cannot answer); `panel_props` turns each backend's latest
 two snapshots into the rows the engine panel shows (public/elements/Metrics.jsx
 with kind "engines"); `Simulation` runs N simulated users through the one load
 engine (`core.load.runner`) and keeps the points of the "as N grows" chart.
+Simulated users hold conversations (the shipped conversation set: a class's
+system prompt, several turns, a think time between), so each point also has
+its TTFT by turn number. `CacheLesson` runs the same conversations on two
+configured backends of one engine, prefix caching on and off, one after the
+other, and shows them side by side.
 """
 
 from __future__ import annotations
@@ -12,19 +17,21 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from backends.base import Backend, GenerationParams, display_label
 from backends.engine_metrics import EngineRates, EngineSnapshot, MetricsFormatError, rates
 from backends.errors import BackendError
-from core.load.prompt_sets import BenchPrompt
-from core.load.runner import LiveCounters, run_level
+from core.load.runner import LiveCounters, Workload, planned_requests, run_level
+from core.load.stats import TurnFigures, by_turn
 
 SNAPSHOT_TIMEOUT_S = 2.0
 SIMULATION_USERS = (1, 2, 4, 8, 16)
-SIMULATION_REQUESTS_PER_USER = 2
+SIMULATION_REQUESTS_PER_USER = 2  # at least: each user holds one whole conversation of the set
 SIMULATION_MAX_NEW_TOKENS = 64
+SIMULATION_THINK_TIME_S = 1.0  # a simulated student reads each reply this long before the next turn
+CACHE_LESSON_USERS = 2  # students talking at once in the prefix-cache lesson, on each backend
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,19 @@ class SimulationPoint:
     mean_ttft_ms: float | None
     completed: int
     failed: int
+    turns: tuple[TurnFigures, ...] = ()  # TTFT and cached prompt share by turn number
+
+    def turn_props(self) -> list[dict]:
+        return [turn_props(turn) for turn in self.turns]
+
+
+def turn_props(turn: TurnFigures) -> dict:
+    """One turn number's figures for the panel (None: not measured / not reported)."""
+    return {"turn": turn.turn, "completed": turn.completed,
+            "meanTtftMs": None if turn.ttft_ms.mean is None else round(turn.ttft_ms.mean, 1),
+            "meanPromptTokens": None if turn.mean_input_tokens is None else round(turn.mean_input_tokens),
+            "meanCachedTokens": None if turn.mean_cached_input_tokens is None else round(turn.mean_cached_input_tokens),
+            "cachedShare": None if turn.cached_share is None else round(turn.cached_share, 3)}
 
 
 @dataclass
@@ -182,6 +202,7 @@ class Simulation:
     started_at_s: float = field(default_factory=time.monotonic)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, output tokens so far)
     result: SimulationPoint | None = None
+    workload: Workload | None = None
 
     @property
     def label(self) -> str:
@@ -200,26 +221,93 @@ class Simulation:
         span = now - earlier[0]
         return (tokens - earlier[1]) / span if span > 0 else None
 
-    async def run(self, prompts: Sequence[BenchPrompt]) -> SimulationPoint:
+    @property
+    def total(self) -> int:
+        """Requests this simulation sends (whole conversations: at least one per user)."""
+        return planned_requests(self.workload, self.users * SIMULATION_REQUESTS_PER_USER, self.users) \
+            if self.workload else self.users * SIMULATION_REQUESTS_PER_USER
+
+    async def run(self, workload: Workload, think_time_s: float = SIMULATION_THINK_TIME_S) -> SimulationPoint:
+        self.workload = workload
         params = GenerationParams(temperature=0.7, top_p=0.95, max_new_tokens=SIMULATION_MAX_NEW_TOKENS)
-        level = await run_level(self.backend, prompts, concurrency=self.users,
-                                requests=self.users * SIMULATION_REQUESTS_PER_USER, params=params, live=self.live)
+        level = await run_level(self.backend, workload, concurrency=self.users,
+                                requests=self.users * SIMULATION_REQUESTS_PER_USER, params=params, live=self.live,
+                                think_time_s=think_time_s)
         done = [o.record for o in level.outcomes if o.ok]
         ttfts = [r.first_token_s * 1000 for r in done if r.first_token_s is not None]
         self.result = SimulationPoint(
             backend=self.label, users=self.users,
             output_tokens_per_s=sum(r.output_tokens for r in done) / level.duration_s if level.duration_s else 0.0,
             mean_ttft_ms=statistics.fmean(ttfts) if ttfts else None,
-            completed=len(done), failed=len(level.outcomes) - len(done),
+            completed=len(done), failed=len(level.outcomes) - len(done), turns=tuple(by_turn(level.outcomes)),
         )
         return self.result
+
+
+@dataclass
+class CacheLesson:
+    """The same conversations on two configured backends of one engine - its prefix cache on, then off -
+    one after the other (so neither slows the other), for the engine panel's side-by-side view.
+
+    A teacher sees each backend's TTFT by turn: with the cache, turn 2 onwards reuses the conversation
+    so far and its first token comes sooner as the conversation grows; without it, every turn
+    computes its whole prompt again."""
+
+    backends: tuple[Backend, Backend]  # cache on, cache off
+    labels: tuple[str, str]  # as shown (a stand-in says so)
+    users: int = CACHE_LESSON_USERS
+    results: dict[str, SimulationPoint] = field(default_factory=dict)  # by label
+    current: Simulation | None = None
+    problem: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) == len(self.backends) or self.problem is not None
+
+    async def run(self, workload: Workload, think_time_s: float = SIMULATION_THINK_TIME_S) -> None:
+        for backend, label in zip(self.backends, self.labels):
+            self.current = Simulation(backend, self.users)
+            self.current.workload = workload
+            point = await self.current.run(workload, think_time_s)
+            self.results[label] = replace(point, backend=label)
+        self.current = None
+
+    def answer(self) -> str | None:
+        """'Turn 4's first token: 180 ms with the prefix cache (88% of its prompt from the cache),
+        420 ms without (0%).' - None until both ran."""
+        if len(self.results) < 2:
+            return None
+        on, off = (self.results.get(label) for label in self.labels)
+        last = min(max((t.turn for t in on.turns), default=0), max((t.turn for t in off.turns), default=0))
+        if not last:
+            return None
+
+        def said(point: SimulationPoint) -> str:
+            turn = next(t for t in point.turns if t.turn == last)
+            ttft = "–" if turn.ttft_ms.mean is None else f"{turn.ttft_ms.mean:.0f} ms"
+            share = "cache not reported" if turn.cached_share is None else f"{turn.cached_share:.0%} of its prompt cached"
+            return f"{ttft} on {point.backend} ({share})"
+
+        return f"Turn {last}'s first token came in {said(on)}, against {said(off)}."
+
+    def props(self) -> dict:
+        running = None
+        if self.current is not None and self.current.result is None:
+            running = {"backend": self.current.label, "finished": self.current.live.finished,
+                       "total": self.current.total, "inFlight": self.current.live.in_flight}
+        return {"labels": list(self.labels), "running": running, "done": self.done, "problem": self.problem,
+                "columns": [{"label": label, "turns": self.results[label].turn_props() if label in self.results else [],
+                             "failed": self.results[label].failed if label in self.results else None}
+                            for label in self.labels],
+                "answer": self.answer()}
 
 
 def panel_props(readings: Sequence[EngineReading], previous: dict[str, EngineSnapshot], lang: str, *,
                 simulation: Simulation | None = None, points: Sequence[SimulationPoint] = (),
                 can_simulate: bool = True, message: str | None = None,
                 stand_ins: Mapping[str, str | None] = {}, sweep: dict | None = None,
-                sweeps: Sequence[dict] = ()) -> dict:
+                sweeps: Sequence[dict] = (), lesson: dict | None = None, can_lesson: bool = False,
+                replay: dict | None = None) -> dict:
     """Props for the engine panel: one card per backend, the running simulation, the N-users chart, the
     capacity sweep running or last run (`core.capacity.TeacherSweep.props`) and earlier ones (`listed`).
 
@@ -245,14 +333,14 @@ def panel_props(readings: Sequence[EngineReading], previous: dict[str, EngineSna
         ttfts = simulation.live.first_token_s
         running = {"backend": simulation.label, "users": simulation.users,
                    "inFlight": simulation.live.in_flight, "finished": simulation.live.finished,
-                   "total": simulation.users * SIMULATION_REQUESTS_PER_USER, "failed": simulation.live.failed,
+                   "total": simulation.total, "failed": simulation.live.failed,
                    "tokensPerS": simulation.tokens_per_s_now(),
                    "medianTtftMs": statistics.median(ttfts) * 1000 if ttfts else None}
     return {
         "kind": "engines", "lang": lang, "engines": engines, "simulation": running,
         "points": [{"backend": p.backend, "users": p.users, "tokensPerS": round(p.output_tokens_per_s, 1),
                     "meanTtftMs": None if p.mean_ttft_ms is None else round(p.mean_ttft_ms, 1),
-                    "completed": p.completed, "failed": p.failed} for p in points],
+                    "completed": p.completed, "failed": p.failed, "turns": p.turn_props()} for p in points],
         "users": list(SIMULATION_USERS), "canSimulate": can_simulate, "message": message,
-        "sweep": sweep, "sweeps": list(sweeps),
+        "sweep": sweep, "sweeps": list(sweeps), "lesson": lesson, "canLesson": can_lesson, "replay": replay,
     }

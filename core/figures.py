@@ -30,6 +30,18 @@ def initial_props(*, backend: str, model: str, request: PreparedRequest | None, 
             "ignored": ignored_lines(request)}
 
 
+def prompt_props(server: ServerFigures | None) -> dict | None:
+    """What the reply's prompt cost, as the engine reported it: prompt tokens, how many came from its
+    cache, and the prefill speed over the ones it computed (None in a field: not reported; None in
+    all: the engine said nothing about the prompt)."""
+    if server is None or (server.input_tokens is None and server.cached_prompt_tokens is None
+                          and server.prompt_tokens_per_s is None):
+        return None
+    return {"tokens": server.input_tokens, "cached": server.cached_prompt_tokens,
+            "computed": server.computed_prompt_tokens,
+            "prefillTokensPerS": _round(server.prompt_tokens_per_s), "source": server.source}
+
+
 def live_props(figures: LiveFigures, *, backend: str, model: str, lang: str,
                ignored: list[str] | None = None, queue_shown: bool = True) -> dict:
     """Props for public/elements/Metrics.jsx while streaming (small: sent ~10 times a second).
@@ -48,6 +60,7 @@ def live_props(figures: LiveFigures, *, backend: str, model: str, lang: str,
         "tokens": figures.output_tokens,
         "tokensPerS": _round(figures.decode_tokens_per_s),
         "tokensExact": figures.tokens_exact,
+        "prompt": prompt_props(figures.server),
         "ignored": ignored or [],
     }
 
@@ -60,6 +73,8 @@ def server_props(server: ServerFigures | None) -> dict | None:
         "source": server.source,
         "outputTokens": server.output_tokens,
         "inputTokens": server.input_tokens,
+        "cachedTokens": server.cached_prompt_tokens,
+        "computedTokens": server.computed_prompt_tokens,
         "queueMs": _ms(server.queue_s),
         "firstTokenMs": _ms(server.first_token_s),
         "promptMs": _ms(server.prompt_s),
@@ -123,6 +138,7 @@ def final_props(record: RequestRecord, *, lang: str, request: PreparedRequest | 
         "tokensExact": record.tokens_exact,
         "tokenSource": record.token_source,
         "serverTokens": record.server_output_tokens,
+        "prompt": prompt_props(record.server),
         "disagreement": record.count_disagreement,
         "ignored": ignored_lines(request),
         "timeline": timeline_props(record, request, engine_at_start),

@@ -147,6 +147,13 @@ async def plan_reply(
                      stand_in=status.info.stand_in if status.info else None, rule=rule)
 
 
+def request_shape(messages: Sequence[ChatMessage]) -> dict:
+    """How many messages a request sent and its system prompt (None: none): with the thread's stored
+    replies, exactly the conversation it sent."""
+    system = next((m.content for m in messages if m.role == "system"), None)
+    return {"messages": len(messages), "system_prompt": system}
+
+
 def empty_reply_notice(record: RequestRecord, reply_text: str) -> Notice | None:
     """A reply that completed without any text must not pass as a normal answer: say so."""
     if record.status != "completed" or reply_text.strip():
@@ -190,7 +197,10 @@ def stored_reply(
         settings_sent={"sent": dict(plan.request.sent), "chosen": plan.request.params.chosen(),
                        "ignored": ignored_lines(plan.request), "notes": list(plan.request.notes)},
         record={**record.as_dict(include_timeline=True),
-                "engine_at_start": asdict(plan.engine_at_start) if plan.engine_at_start else None},
+                "engine_at_start": asdict(plan.engine_at_start) if plan.engine_at_start else None,
+                # What the request carried besides this message (a class trace rebuilds it: core/load/trace.py):
+                # how many messages, and the system prompt the class shared.
+                "request": request_shape(plan.request.messages)},
         error=record.error,
     )
 

@@ -23,7 +23,8 @@ from core.timing import RequestRecord, median_of
 from store import StoredReply
 
 STATS_COLUMNS = ("created_at", "backend", "model", "mode", "status", "first_token_ms", "decode_tokens_per_s",
-                 "output_tokens", "ms_per_output_token", "total_s", "prompt")
+                 "output_tokens", "ms_per_output_token", "total_s", "prompt_tokens", "cached_prompt_tokens",
+                 "prefill_tokens_per_s", "prompt")
 
 
 # ---------------------------------------------------------------- the prompt sets (the leaderboard's views)
@@ -71,8 +72,19 @@ def stats_rows(replies: Sequence[StoredReply]) -> list[dict]:
         "output_tokens": reply.output_tokens,
         "ms_per_output_token": None if reply.ms_per_output_token is None else round(reply.ms_per_output_token, 2),
         "total_s": round(reply.total_s, 3),
+        **prompt_cost(reply),
         "prompt": reply.prompt,
     } for reply in replies]
+
+
+def prompt_cost(reply: StoredReply) -> dict:
+    """The reply's prompt cost as its engine reported it (stored with the reply's record; None: not
+    reported): prompt tokens, how many came from the engine's cache, prefill tokens/s."""
+    server = reply.record.get("server") if isinstance(reply.record, dict) else None
+    server = server if isinstance(server, dict) else {}
+    rate = server.get("prompt_tokens_per_s")
+    return {"prompt_tokens": server.get("input_tokens"), "cached_prompt_tokens": server.get("cached_prompt_tokens"),
+            "prefill_tokens_per_s": None if rate is None else round(rate, 1)}
 
 
 def stats_csv(rows: Sequence[dict]) -> bytes:
@@ -87,10 +99,12 @@ def stats_markdown(rows: Sequence[dict]) -> str:
     def cell(value) -> str:
         return "–" if value is None else str(value).replace("|", "\\|")
 
-    header = "| # | backend | mode | status | TTFT ms | tokens/s | tokens | TPOT ms | total s |\n|---|---|---|---|---|---|---|---|---|"
+    header = ("| # | backend | mode | status | TTFT ms | tokens/s | tokens | TPOT ms | total s | prompt tokens "
+              "| from cache | prefill tokens/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [f"| {index} | {cell(row['backend'])} | {row['mode']} | {row['status']} | {cell(row['first_token_ms'])} | "
              f"{cell(row['decode_tokens_per_s'])} | {row['output_tokens']} | {cell(row['ms_per_output_token'])} | "
-             f"{row['total_s']} |" for index, row in enumerate(rows, 1)]
+             f"{row['total_s']} | {cell(row['prompt_tokens'])} | {cell(row['cached_prompt_tokens'])} | "
+             f"{cell(row['prefill_tokens_per_s'])} |" for index, row in enumerate(rows, 1)]
     return "\n".join([header, *lines])
 
 

@@ -108,6 +108,7 @@ class LiveFigures:
     decode_tokens_per_s: float | None
     queue_position: int | None
     tokens_exact: bool
+    server: ServerFigures | None = None  # what the engine reported so far (its prompt cost, once it says)
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,7 @@ class StreamMeter:
             decode_tokens_per_s=self._decode_rate(self._tokens),
             queue_position=self._queue_position,
             tokens_exact=self._tokens_exact,
+            server=self._server,
         )
 
     def finish(

@@ -33,9 +33,18 @@ for the compare round: CPU per reply at most 1.5x the floor's; first text p99 at
 p99 (30 students; +25 ms at 60 and above). `--profile DIR` also records the app under each of its
 bursts with py-spy (where installed), a flame graph per phase.
 
+The ceiling (`--ceiling`): how many students at once a deployment holds within the objective the
+classroom summary uses (CAPACITY_SLO / CAPACITY_PERCENTILE, else TTFT under 500 ms and 20 tokens/s
+each for 90% of messages), as the students saw it (first text after sending, ms per token after it).
+The capacity rule is the sweeps' (core/load/sweep.py): the largest level whose share meets the
+percentile, bursting at each of `--levels` in turn until one misses; for the floor and the app, one
+replica and, with `--replicas 1,2`, two behind nginx (deploy/nginx/serving-lab.conf; the app's on
+one PostgreSQL), with a verdict that two hold about twice (at least 1.5x) what one holds.
+
 Run: `.venv/bin/python -m experiments.class_burst [--students 30,60] [--compare-students 10]
       [--columns 3] [--first-token-ms 300] [--tokens 100] [--rate 50] [--rounds 1] [--out DIR]
       [--profile DIR] [--only app|floor]`
+     `.venv/bin/python -m experiments.class_burst --ceiling [--levels 10,20,40,...] [--replicas 1,2]`
 """
 
 from __future__ import annotations
@@ -59,13 +68,16 @@ from typing import Any
 import psutil
 import socketio
 
-from bench.verdict import Goal, at_most, exit_status
+from bench.verdict import Goal, at_least, at_most, exit_status
 from config import REPO
+from core.load.slo import DEFAULT_PERCENTILE, DEFAULT_SLO, Slo, parse_slo, within
 from core.timing import percentile
 from load.chainlit_client import SOCKET_PATH, browser_auth, browser_headers, page_load_requests, user_message
 from servers.app import backend_env, chainlit_command, start_app
 from servers.paced_openai import PacedServer, start_paced_server
+from servers.postgres import PostgresCluster
 from servers.process import ServerProcess, free_port
+from servers.proxy import Proxy
 
 FLOOR_APP = REPO / "experiments" / "floor" / "app.py"
 MARKER = re.compile(r"pacedend\d+x[0-9a-f]{8}")
@@ -76,6 +88,7 @@ SETTLE_S = 0.5
 CPU_RATIO_GOAL = 1.5
 FIRST_TEXT_GOAL_MS = 50.0
 REPLY_END_GOAL_MS = 100.0
+MAX_STUDENTS = 250  # students at once, the bound of any load this script sends (loopback only)
 
 
 def ttft_goal_ms(students: int) -> float:
@@ -119,7 +132,10 @@ class Tab:
     async def open(self) -> None:
         import aiohttp
 
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OPEN_TIMEOUT_S))
+        # A browser's cookie jar: behind nginx the lab_route cookie keeps the tab on its replica
+        # (aiohttp refuses cookies of IP addresses unless told).
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=OPEN_TIMEOUT_S),
+                                           cookie_jar=aiohttp.CookieJar(unsafe=True))
         for method, path, body in page_load_requests("en-US", self.session_id):
             async with self._http.request(method, self.base_url + path, json=body) as response:
                 response.raise_for_status()
@@ -253,6 +269,71 @@ class App:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+@dataclass
+class Deployment:
+    """Several replicas of one flavour behind nginx (deploy/nginx/serving-lab.conf), as an `App`."""
+
+    flavour: str
+    replicas: list[App]
+    proxy: Proxy
+    cluster: PostgresCluster | None = None
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    @property
+    def database_url(self) -> str | None:
+        return self.replicas[0].database_url
+
+    @property
+    def pid(self) -> int:
+        return self.replicas[0].pid
+
+    def cpu_s(self) -> float:
+        return sum(replica.cpu_s() for replica in self.replicas)
+
+    def thread_cpu_s(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for replica in self.replicas:
+            for kind, seconds in replica.thread_cpu_s().items():
+                totals[kind] = totals.get(kind, 0.0) + seconds
+        return totals
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        for replica in self.replicas:
+            replica.stop()
+        if self.cluster is not None:
+            self.cluster.remove()
+
+
+def start_deployment(flavour: str, server: PacedServer, kind: str, replicas: int, work: Path) -> App | Deployment:
+    """One app of `flavour`, or `replicas` of them behind nginx (this app's on one PostgreSQL)."""
+    if replicas == 1:
+        return start_floor(server, 1) if flavour == "floor" else start_lab(server, kind, 1, work)
+    cluster = None
+    started: list[App] = []
+    try:
+        if flavour == "app":
+            cluster = PostgresCluster(max_connections=300)
+            database = cluster.start().url
+        for index in range(replicas):
+            if flavour == "floor":
+                started.append(start_floor(server, 1))
+            else:
+                started.append(start_lab(server, kind, 1, work, database_url=database,
+                                         replica=f"app-{index + 1}"))
+        proxy = Proxy([app.url.removeprefix("http://") for app in started], name=f"class-burst-nginx-{flavour}").start()
+    except BaseException:
+        for app in started:
+            app.stop()
+        if cluster is not None:
+            cluster.remove()
+        raise
+    return Deployment(flavour, started, proxy, cluster)
+
+
 def start_floor(server: PacedServer, columns: int) -> App:
     """The bare Chainlit app in a folder of its own (Chainlit writes .chainlit/ and .files/ there)."""
     workdir = Path(tempfile.mkdtemp(prefix="floor-app-"))
@@ -265,17 +346,21 @@ def start_floor(server: PacedServer, columns: int) -> App:
     return App("floor", url, process, workdir)
 
 
-def start_lab(server: PacedServer, kind: str, columns: int, database_dir: Path) -> App:
-    """This app with the paced server as its backend (`columns` > 1: that many backends, compare mode)."""
+def start_lab(server: PacedServer, kind: str, columns: int, database_dir: Path, *,
+              database_url: str | None = None, replica: str | None = None) -> App:
+    """This app with the paced server as its backend (`columns` > 1: that many backends, compare mode),
+    on its own SQLite file unless `database_url` is given (replicas share one PostgreSQL)."""
     names = [f"paced{index + 1}" for index in range(columns)]
     env: dict[str, str] = {"BACKENDS": ",".join(names), "DEFAULT_BACKEND": names[0], "AUTH_USERS": "",
-                           "DATABASE_URL": f"sqlite:///{database_dir / f'lab-{columns}.db'}"}
+                           "DATABASE_URL": database_url or f"sqlite:///{database_dir / f'lab-{columns}.db'}"}
+    if replica:
+        env["LAB_REPLICA_ID"] = replica
     for name in names:
         env.update(backend_env(name, kind=kind, base_url=server.base_url, label=f"Paced {name}"))
     if columns > 1:
         env.update({"DEFAULT_MODE": "compare", "DEFAULT_COMPARE_BACKENDS": ",".join(names),
                     "DEFAULT_RUN_ORDER": "concurrent"})
-    app = start_app(env, name=f"class-burst-app-{columns}")
+    app = start_app(env, name=f"class-burst-app-{columns}" + (f"-{replica}" if replica else ""))
     return App("app", app.url, app.process, database_url=env["DATABASE_URL"])
 
 
@@ -320,6 +405,19 @@ class Phase:
     reply_transit_ms: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     thread_cpu_s: dict[str, float] = field(default_factory=dict)  # the burst's CPU by kind of thread
+    # As each student saw their reply: first text after sending, and ms per token after it (None: no reply).
+    seen: list[tuple[float | None, float | None]] = field(default_factory=list)
+    # From a student's message leaving the tab to its request reaching the server: the app's (and
+    # Chainlit's) work before the request leaves, with the tabs' own sending.
+    message_to_request_ms: list[float] = field(default_factory=list)
+
+    def slo_share(self, slo: Slo) -> float | None:
+        """The share of messages sent whose reply met `slo` as the student saw it (a failed one never does)."""
+        if not self.expected:
+            return None
+        met = sum(1 for first_ms, tpot_ms in self.seen
+                  if first_ms is not None and within(slo, ttft_ms=first_ms, tpot_ms=tpot_ms, e2el_ms=None))
+        return met / self.expected
 
     @property
     def name(self) -> str:
@@ -339,7 +437,7 @@ class Phase:
         return data
 
 
-async def burst(app: App, server: PacedServer, students: int, columns: int,
+async def burst(app: App | Deployment, server: PacedServer, students: int, columns: int,
                 profile_dir: Path | None) -> Phase:
     """Open `students` chats, then send one message from each at the same moment; measure."""
     phase = Phase(app.flavour, students, columns, expected=students * columns)
@@ -388,6 +486,10 @@ async def burst(app: App, server: PacedServer, students: int, columns: int,
                 phase.failures.append(f"tab {index}: {reply.marker} is not in the server's log")
                 continue
             phase.replies += 1
+            phase.message_to_request_ms.append((truth["received_at_s"] - tab.sent_at_s) * 1000)
+            tokens = truth.get("tokens_sent") or 0
+            phase.seen.append(((reply.first_text_at_s - tab.sent_at_s) * 1000,
+                               (reply.marker_at_s - reply.first_text_at_s) * 1000 / (tokens - 1) if tokens > 1 else 0.0))
             phase.first_text_ms.append((reply.first_text_at_s - truth["first_token_sent_at_s"]) * 1000)
             phase.reply_end_ms.append((reply.marker_at_s - truth["last_token_sent_at_s"]) * 1000)
             if app.flavour == "app":
@@ -446,6 +548,9 @@ def print_table(phases: list[Phase]) -> None:
             print(f"{'':<34} CPU per reply by thread: " + ", ".join(
                 f"{kind} {seconds * 1000 / phase.replies:.1f} ms"
                 for kind, seconds in sorted(phase.thread_cpu_s.items(), key=lambda item: -item[1]) if seconds > 0))
+        if phase.message_to_request_ms:
+            print(f"{'':<34} message sent -> request at the server p50/p99 "
+                  f"{ms(phase.p(phase.message_to_request_ms, 50))} / {ms(phase.p(phase.message_to_request_ms, 99))} ms")
         if phase.request_transit_ms:
             print(f"{'':<34} where the bias is: request transit p50/p99 "
                   f"{ms(phase.p(phase.request_transit_ms, 50))} / {ms(phase.p(phase.request_transit_ms, 99))} ms "
@@ -470,6 +575,7 @@ def pooled(phases: list[Phase], flavour: str, students: int, columns: int) -> Ph
         total.ttft_bias_ms += phase.ttft_bias_ms
         total.request_transit_ms += phase.request_transit_ms
         total.reply_transit_ms += phase.reply_transit_ms
+        total.message_to_request_ms += phase.message_to_request_ms
         total.failures += phase.failures
     return total
 
@@ -546,6 +652,96 @@ async def run(args: argparse.Namespace) -> int:
     return exit_status(goals_for(phases, sizes))
 
 
+@dataclass
+class Ceiling:
+    """The most students at once one deployment held within the objective, and each level tried."""
+
+    flavour: str
+    replicas: int
+    levels: list[tuple[int, float | None, Phase]] = field(default_factory=list)  # (students, share met, phase)
+    holds: int | None = None  # the largest level met before the first one missed
+    missed_at: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.flavour}, {self.replicas} replica{'s' if self.replicas > 1 else ''}"
+
+
+async def find_ceiling(flavour: str, replicas: int, server: PacedServer, args: argparse.Namespace,
+                       slo: Slo, work: Path) -> Ceiling:
+    """Burst the deployment at each level in turn (the project's capacity rule: the largest level whose
+    share of replies meeting the objective reaches the percentile), stopping at the first miss."""
+    ceiling = Ceiling(flavour, replicas)
+    deployment = start_deployment(flavour, server, args.kind, replicas, work)
+    try:
+        warm = Tab(deployment.url)
+        await warm.open()
+        await warm.send("Warm up.")
+        await asyncio.wait_for(warm.done.wait(), REPLY_TIMEOUT_S)
+        await warm.close()
+        for students in args.levels:
+            phase = await burst(deployment, server, students, 1, None)
+            share = phase.slo_share(slo)
+            ceiling.levels.append((students, share, phase))
+            firsts = [first for first, _ in phase.seen if first is not None]
+            to_request = phase.message_to_request_ms
+            print(f"  {ceiling.name}: {students} at once, {share or 0:.0%} met the objective, first text from "
+                  f"sending p50/p99 {ms(percentile(firsts, 50)) if firsts else '-'} / "
+                  f"{ms(percentile(firsts, 99)) if firsts else '-'} ms (message to request p50/p99 "
+                  f"{ms(phase.p(to_request, 50))} / {ms(phase.p(to_request, 99))} ms)", flush=True)
+            if share is not None and share * 100 >= slo.percentile:
+                ceiling.holds = students
+            else:
+                ceiling.missed_at = students
+                break
+            await asyncio.sleep(2.0)
+    finally:
+        deployment.stop()
+    return ceiling
+
+
+async def run_ceiling(args: argparse.Namespace) -> int:
+    slo = parse_slo(args.slo, args.percentile)
+    server = start_paced_server(args.rate, args.tokens, name="class-burst-paced")
+    server.set_pace(args.rate, args.tokens, first_token_s=args.first_token_ms / 1000)
+    work = Path(tempfile.mkdtemp(prefix="class-burst-ceiling-"))
+    ceilings: list[Ceiling] = []
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    try:
+        for replicas in args.replicas:
+            for flavour in [f for f in ("floor", "app") if args.only in (None, f)]:
+                ceilings.append(await find_ceiling(flavour, replicas, server, args, slo, work))
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"\nObjective as the students saw it: first text within {slo.ttft_ms:g} ms of sending and "
+          f"{slo.tpot_ms:g} ms per token after it, for {slo.percentile:g}% of the messages; the server's own "
+          f"first token {args.first_token_ms:g} ms, {args.tokens} tokens at {args.rate:g}/s; the load "
+          "generator, the server and every replica share this machine.")
+    print(f"{'deployment':<22} {'holds (students at once)':>25} {'first miss':>11}  levels (share met)")
+    for ceiling in ceilings:
+        levels = ", ".join(f"{students}: {share or 0:.0%}" for students, share, _ in ceiling.levels)
+        print(f"{ceiling.name:<22} {ceiling.holds if ceiling.holds is not None else '-':>25} "
+              f"{ceiling.missed_at if ceiling.missed_at is not None else 'none':>11}  {levels}")
+    goals: list[Goal] = []
+    by = {(c.flavour, c.replicas): c for c in ceilings}
+    for ceiling in ceilings:
+        goals.append(Goal(f"{ceiling.name}: a ceiling was found (a level met, then one missed)",
+                          float(ceiling.holds) if ceiling.holds is not None and ceiling.missed_at is not None else None,
+                          low=1, why_unmeasured="no level met" if ceiling.holds is None else
+                          f"no level up to {args.levels[-1]} missed: raise --levels", digits=0))
+    if len(args.replicas) > 1:
+        one, more = min(args.replicas), max(args.replicas)
+        for flavour in ("floor", "app"):
+            base, scaled = by.get((flavour, one)), by.get((flavour, more))
+            if base is None or scaled is None:
+                continue
+            ratio = (scaled.holds / base.holds) if base.holds and scaled.holds else None
+            goals.append(at_least(f"{flavour}: {more} replicas hold, over {one}", ratio, 0.75 * more / one, digits=2))
+    return exit_status(goals)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=lambda s: [int(x) for x in s.split(",") if x], default=[30, 60],
@@ -560,7 +756,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("app", "floor"), help="burst one flavour only (no verdict on ratios)")
     parser.add_argument("--profile", type=Path, help="record the app under each burst with py-spy into this folder")
     parser.add_argument("--out", type=Path, help="write every figure as JSON into this folder")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="find how many students at once each deployment holds within --slo instead")
+    parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",") if x],
+                        default=[10, 20, 40, 60, 80, 100, 120, 160], help="--ceiling: students at once, ascending")
+    parser.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",") if x], default=[1],
+                        help="--ceiling: replicas behind nginx to try, e.g. 1,2 (more than 1: PostgreSQL, nginx)")
+    parser.add_argument("--slo", default=os.environ.get("CAPACITY_SLO") or DEFAULT_SLO,
+                        help="--ceiling: the objective as students see it (CAPACITY_SLO, else ttft_ms=500,tpot_ms=50)")
+    parser.add_argument("--percentile", type=float,
+                        default=float(os.environ.get("CAPACITY_PERCENTILE") or DEFAULT_PERCENTILE),
+                        help="--ceiling: the share of messages that must meet it (CAPACITY_PERCENTILE, else 90)")
     args = parser.parse_args(argv)
+    if args.ceiling:
+        if any(level > MAX_STUDENTS for level in args.levels) or not all(1 <= r <= 4 for r in args.replicas):
+            parser.error(f"--levels at most {MAX_STUDENTS} students, --replicas 1..4")
+        return asyncio.run(run_ceiling(args))
     return asyncio.run(run(args))
 
 

@@ -31,7 +31,10 @@ between messages, default 5-15 s), LOAD_REPLY_TIMEOUT_S (180), LOAD_OPEN_TIMEOUT
 (60), LOAD_BACKEND (switch every user's session to this backend in the settings
 panel, as a student would), LOAD_HEALTH_INTERVAL_S (0.5), LOAD_LANGUAGE (en-US),
 LOAD_RESULTS_DIR (write one JSON line per chat, per message and per health
-probe there, read by `load/summary.py`). Only loopback hosts are accepted.
+probe there, read by `load/summary.py`), LOAD_BURST_EVERY_S (0: off; else no
+think time: every student sends at each multiple of this many seconds of the
+wall clock, all workers alike, as a class does when the teacher says "now").
+Only loopback hosts are accepted.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class LoadSettings:
     health_interval_s: float = 0.5
     language: str = "en-US"
     results_dir: str = ""
+    burst_every_s: float = 0.0  # > 0: every student sends at the same second, each multiple of this
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ = os.environ) -> "LoadSettings":
@@ -85,10 +89,19 @@ class LoadSettings:
             health_interval_s=number("LOAD_HEALTH_INTERVAL_S", cls.health_interval_s),
             language=env.get("LOAD_LANGUAGE") or cls.language,
             results_dir=env.get("LOAD_RESULTS_DIR", ""),
+            burst_every_s=number("LOAD_BURST_EVERY_S", cls.burst_every_s),
         )
         if not 0 <= settings.think_min_s <= settings.think_max_s:
             raise ValueError("need 0 <= LOAD_THINK_MIN_S <= LOAD_THINK_MAX_S")
+        if settings.burst_every_s < 0:
+            raise ValueError("LOAD_BURST_EVERY_S must be 0 (off) or more seconds")
         return settings
+
+
+def until_next_burst(now_s: float, every_s: float) -> float:
+    """Seconds from `now_s` (wall clock) to the next multiple of `every_s`: every student's next send,
+    on every Locust worker of this machine alike (they share the clock)."""
+    return every_s - (now_s % every_s)
 
 
 def is_loopback_url(url: str) -> bool:
@@ -147,9 +160,10 @@ RESULTS = ResultsFile(SETTINGS.results_dir)
 
 
 class ChainlitUser(User):
-    """A student: one chat, a question, the whole reply, think, repeat."""
+    """A student: one chat, a question, the whole reply, think, repeat. With LOAD_BURST_EVERY_S the
+    class sends together instead, as when a teacher says "now": every student at the same second."""
 
-    wait_time = between(SETTINGS.think_min_s, SETTINGS.think_max_s)
+    wait_time = between(0, 0) if SETTINGS.burst_every_s else between(SETTINGS.think_min_s, SETTINGS.think_max_s)
 
     def on_start(self) -> None:
         if not is_loopback_url(self.host):
@@ -164,6 +178,11 @@ class ChainlitUser(User):
         if self.chat is None and not self._open_chat():
             return
         prompt = random.choice(PROMPTS)
+        burst_at = None
+        if SETTINGS.burst_every_s:
+            wait_s = until_next_burst(time.time(), SETTINGS.burst_every_s)
+            gevent.sleep(wait_s)
+            burst_at = round(time.time())
         record = None
         try:
             record = self.chat.send(prompt)
@@ -171,7 +190,7 @@ class ChainlitUser(User):
         finally:
             # Also when Locust stops this user mid-reply (the message was sent, its reply unfinished).
             if record is not None:
-                self._report(record)
+                self._report(record, burst_at)
         if not record.ok and record.outcome in ("timeout", "disconnected"):
             # The tab is in an unknown state: the next question starts a new chat, as a reload would.
             self._close_chat()
@@ -204,7 +223,7 @@ class ChainlitUser(User):
             self.chat.close()
             self.chat = None
 
-    def _report(self, record: ReplyRecord) -> None:
+    def _report(self, record: ReplyRecord, burst_at: float | None = None) -> None:
         failure = failure_of(record)
         if record.first_token_s is not None:
             self._fire("first_token", record.first_token_s, 0, None)
@@ -213,7 +232,8 @@ class ChainlitUser(User):
                 else time.perf_counter() - record.sent_at_s
             self._fire("reply", elapsed_s, len(record.text), failure)
         RESULTS.write("message", **{**record.as_dict(), "outcome": record.outcome or "unfinished",
-                                    "replica": self.chat.replica if self.chat is not None else None})
+                                    "replica": self.chat.replica if self.chat is not None else None,
+                                    "burst_at": burst_at})
 
     def _fire(self, name: str, elapsed_s: float, length: int, failure: Exception | None) -> None:
         self.environment.events.request.fire(

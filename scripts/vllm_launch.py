@@ -8,7 +8,9 @@ vLLM the same way. Standard library only, so any Python can import it.
   converted to Hugging Face format by `scripts/convert_gguf_to_hf.py`, with
   the recipe measured on 2-core AVX2 machines: float32 (bf16 is 4-5x slower
   there), `--enforce-eager` (otherwise ~5 min of compilation at every start),
-  a 2048-token context and 2 GiB of KV cache.
+  a 2048-token context, 2 GiB of KV cache and 32-token cache blocks (so the prefix
+  cache can keep a short conversation's earlier turns), with each reply's cached
+  prompt tokens reported (`--enable-prompt-tokens-details`).
 - GPU: serves the model given by `--model` or VLLM_SERVE_MODEL (a local
   folder, or a model name if that machine may download it) with vLLM's
   default dtype and compilation.
@@ -35,6 +37,10 @@ BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_PORT = 8001  # 8000 is Chainlit's default; VLLM_BASE_URL defaults here
 CPU_MAX_MODEL_LEN = 2048
 CPU_KV_CACHE_GIB = 2
+# The prefix cache keeps whole blocks only. vLLM's CPU default is 128 tokens a block, so a class's
+# conversation of a few hundred tokens would find at most one or two; 32 (the smallest size its CPU
+# kernels are tuned for) lets a second turn reuse nearly all of the first.
+CPU_BLOCK_SIZE = 32
 SETUP_COMMAND = "bash scripts/vllm_server.sh --setup"
 
 # Environment for every start: no telemetry, no model hub.
@@ -68,13 +74,19 @@ def has_gpu() -> bool:
     return result.returncode == 0 and "GPU" in result.stdout
 
 
-def supports_per_request_metrics(python: str | os.PathLike | None = None) -> bool:
-    """Whether the installed vLLM knows `--enable-per-request-metrics` (its own timing of each
-    request on the closing usage chunk). Read from its source, without importing vLLM (slow)."""
+def supports_server_option(option: str, python: str | os.PathLike | None = None) -> bool:
+    """Whether the installed vLLM's API server knows `option` (its name with underscores). Read from
+    its source, without importing vLLM (slow)."""
     python = Path(python or vllm_python())
     for cli_args in python.parent.parent.glob("lib/python3*/site-packages/vllm/entrypoints/launchers/cli_args.py"):
-        return "enable_per_request_metrics" in cli_args.read_text(errors="replace")
+        return option in cli_args.read_text(errors="replace")
     return False
+
+
+def supports_per_request_metrics(python: str | os.PathLike | None = None) -> bool:
+    """Whether the installed vLLM knows `--enable-per-request-metrics` (its own timing of each
+    request on the closing usage chunk)."""
+    return supports_server_option("enable_per_request_metrics", python)
 
 
 def server_command(
@@ -103,13 +115,16 @@ def server_command(
         "--port", str(port),
     ]
     if cpu:
-        command += ["--dtype", "float32", "--enforce-eager"]
+        command += ["--dtype", "float32", "--enforce-eager", "--block-size", str(CPU_BLOCK_SIZE)]
         max_model_len = max_model_len or CPU_MAX_MODEL_LEN
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
     if supports_per_request_metrics(python):
         # The server's own TTFT, queue and decode time per reply, shown beside the app's.
         command += ["--enable-per-request-metrics"]
+    if supports_server_option("enable_prompt_tokens_details", python):
+        # Each reply's usage says how many prompt tokens came from the prefix cache.
+        command += ["--enable-prompt-tokens-details"]
     return command + list(extra_args)
 
 

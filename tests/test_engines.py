@@ -135,7 +135,8 @@ async def test_bench_waits_its_turn_behind_a_simulation_which_the_app_keeps_unti
     assert "A simulation is already running (1 users on TGI (stand-in))" in view.said[-1]
     await asyncio.wait_for(task, 30)
     assert view.state.load_task is None and await view.state.running_load() is None
-    assert len(tgi.requests) == 2  # the simulation's two; /bench sent none
+    # The simulated student's one whole conversation of the class set (4 turns); /bench sent none.
+    assert len(tgi.requests) == 4 and len(tgi.requests[-1].messages) == 8
     assert "| TGI (stand-in) | 1 |" in view.said[-1]  # the results table
     assert view.state.simulation.result.backend == "TGI (stand-in)"
 
@@ -195,3 +196,47 @@ async def test_a_reply_from_a_stand_in_is_labelled_one_in_its_figures_and_its_st
         record = timed.finish("completed")
         assert text and record.backend == shown
         assert stored_reply(plan, record, user_text="hello", reply_text=text).backend_label == shown
+
+
+class CountedEngine(FakeBackend):
+    """A fake engine that counts how often its state is read, each reading taking a moment."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.readings = 0
+
+    async def engine_snapshot(self):
+        import time
+
+        self.readings += 1
+        taken_at_s = time.monotonic()
+        await asyncio.sleep(0.05)
+        return EngineSnapshot(source="fake /metrics", taken_at_s=taken_at_s, running_requests=self.readings)
+
+
+async def test_a_class_of_replies_shares_one_reading_of_the_engine():
+    """30 replies starting together cost the engine one reading, not 30; a reading younger than
+    the shared age serves later replies; an older one is taken again."""
+    from core.engines import EngineReadings
+
+    engine = CountedEngine("vllm")
+    readings = EngineReadings(max_age_s=0.3)
+    futures = [readings.reading_now(engine) for _ in range(30)]
+    results = await asyncio.gather(*futures)
+    assert engine.readings == 1 and {result.snapshot.running_requests for result in results} == {1}
+    assert (await readings.read(engine)).snapshot.running_requests == 1 and engine.readings == 1
+    await asyncio.sleep(0.35)
+    assert (await readings.read(engine)).snapshot.running_requests == 2 and engine.readings == 2
+
+
+async def test_a_replys_engine_state_is_the_shared_reading_and_says_when_it_was_read():
+    from core.replies import plan_reply
+
+    engine = CountedEngine("vllm", replies=[FakeReply(["a"])])
+    state = fake_state(engine)
+    first = await plan_reply(state, settings("vllm"), [], "hi")
+    second = await plan_reply(state, settings("vllm"), [], "hi")
+    assert first.engine_at_start is None  # nothing waited for it before the request could leave
+    assert (await first.engine_state()).running_requests == 1 and (await second.engine_state()).running_requests == 1
+    assert engine.readings == 1
+    assert first.engine_summary().startswith("1 running (read 0.0") and "the request)" in first.engine_summary()

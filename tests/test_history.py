@@ -4,7 +4,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from backends.base import ChatMessage
-from core.history import estimate_tokens, fit_to_context, rebuild_conversation
+from core.history import estimate_tokens, fit_to_context, most_tokens, rebuild_conversation
 from store.records import CompareRound, RoundColumn, StoredReply
 
 
@@ -148,3 +148,25 @@ def test_a_rebuilt_conversation_is_bounded_like_a_live_one():
     assert conversation.threads == {}
     assert rebuild_conversation([replace(replies[0], reply_text="short")], []).history == turns(
         ("user", "q0"), ("assistant", "short"))
+
+
+async def test_no_count_is_asked_for_a_conversation_that_fits_any_tokenizer_and_one_is_when_it_may_not():
+    """Counting is a request to the engine before the reply's own: asked only when the conversation's
+    bound (every byte a token, plus the template's share) could exceed the context."""
+    asked = []
+
+    async def counting(messages):
+        asked.append(len(messages))
+        return sum(len(m.content.split()) for m in messages)
+
+    turns = conversation(2)
+    context = most_tokens(turns) + 100
+    fitted = await fit_to_context(None, turns, counting, context, 100)
+    assert asked == [] and fitted.messages == turns and fitted.prompt_tokens is None
+    fitted = await fit_to_context(None, turns, counting, context - 1, 100)  # the bound no longer fits
+    assert asked == [len(turns)] and fitted.messages == turns and fitted.prompt_tokens is not None
+
+
+def test_the_bound_is_at_least_the_bytes_of_every_message():
+    messages = [ChatMessage("user", "天空 👍" * 50), ChatMessage("assistant", "plain text")]
+    assert most_tokens(messages) >= sum(len(m.content.encode("utf-8")) for m in messages)

@@ -108,3 +108,44 @@ async def test_timeline_starts_with_the_request_sent_then_first_byte_then_first_
     marks = [timeline[name] for name in ("requestSentMs", "firstByteMs", "firstTokenMs", "lastChunkMs", "totalMs")]
     assert marks[0] == 0.0  # the clock starts as the request leaves
     assert marks == sorted(marks) and marks[2] > marks[1]  # the first text came one token after the role chunk
+
+
+async def test_the_first_text_is_shown_at_once_and_later_text_is_coalesced():
+    """Text after a quiet spell goes to the browser as it arrives (a class's first text was held up
+    to an interval); text arriving right after is held for the interval and sent together."""
+    message, metrics = FakeMessage(), FakeMetrics()
+    loop = asyncio.get_running_loop()
+    arrived = {}
+
+    async def stream():
+        yield StreamChunk("", 0)
+        await asyncio.sleep(0.05)
+        arrived["first"] = loop.time()
+        yield StreamChunk("first ", 1)
+        for i in range(5):
+            await asyncio.sleep(0.01)
+            yield StreamChunk(f"{i} ", 1)
+        yield StreamChunk(finish_reason="stop", token_count=0)
+
+    await LiveReply(TimedStream(stream(), backend="Fake", model="m"), message, metrics,
+                    text_interval_s=0.5).run()
+    assert message.emits[0][1] == "first " and message.emits[0][0] - arrived["first"] < 0.02
+    # The rest came within the 0.5 s interval: held, then sent together when the stream ended.
+    assert [text for _, text in message.emits] == ["first ", "0 1 2 3 4 "]
+
+
+async def test_a_stream_faster_than_anyone_reads_is_drawn_less_often():
+    """Past FAST_CHUNKS chunks per interval the text goes at most every FAST_TEXT_INTERVAL_S (each
+    drawing re-renders the whole message in the browser); a slow stream keeps the short interval."""
+    from ui.live import FAST_TEXT_INTERVAL_S, TEXT_INTERVAL_S
+
+    async def draws(tokens: int, rate: float) -> list[float]:
+        message, metrics = FakeMessage(), FakeMetrics()
+        await LiveReply(TimedStream(paced(tokens, rate), backend="Fake", model="m"), message, metrics).run()
+        times = [at for at, _ in message.emits]
+        return [b - a for a, b in zip(times[1:], times[2:-1])]  # between drawings, first and last aside
+
+    fast = await draws(600, 2000)
+    slow = await draws(20, 50)
+    assert fast and min(fast) >= FAST_TEXT_INTERVAL_S * 0.9, fast
+    assert slow and max(slow) < FAST_TEXT_INTERVAL_S * 0.9 and min(slow) >= TEXT_INTERVAL_S * 0.9, slow

@@ -231,3 +231,22 @@ async def test_tgi_routes_say_which_settings_they_cannot_honour(route, ignored, 
     unset = await backend.prepare([ChatMessage("user", "hi")], GenerationParams(temperature=0.7, top_p=0.9,
                                                                                  max_new_tokens=4))
     assert not {"top_k", "seed", "repetition_penalty", "min_p"} & set(unset.sent)
+
+
+async def test_replies_that_find_a_backend_idle_share_one_warm_up():
+    """A class sending at once finds the backend idle past keep-alive: one warm-up request serves
+    every reply waiting on it, not one each before it may leave."""
+    from backends.warmth import IdleWarmth
+
+    warmed = []
+
+    async def warm():
+        warmed.append(True)
+        await asyncio.sleep(0.05)
+        warmth.used()
+
+    warmth = IdleWarmth(warm, after_s=3.0)
+    await asyncio.gather(*(warmth.ensure() for _ in range(30)))
+    assert warmed == [True]
+    await warmth.ensure()  # just warmed: nothing more
+    assert warmed == [True]

@@ -330,3 +330,28 @@ def test_a_rounds_columns_show_an_image_from_elsewhere_as_a_link_with_its_addres
         'Look: [image not shown \\(\\"a cat\\"\\)\\: https\\:\\/\\/evil\\.example\\/cat\\.png]'
         '(<https\\:\\/\\/evil\\.example\\/cat\\.png>) and ![own](/public/x.png)')
     assert props["columns"][1]["text"] == "plain"
+
+
+async def test_each_columns_first_text_is_drawn_at_once_not_at_the_next_tick():
+    """A round is drawn once per tick, but a column's first text goes out when it comes: with a
+    1 s tick, each column's first word is drawn within a few ms of arriving (control: a later word
+    waits for the tick)."""
+    loop = asyncio.get_running_loop()
+    early = FakeBackend("early", replies=[FakeReply(WORDS[:3], 0.02)])
+    late = FakeBackend("late", replies=[FakeReply(WORDS[:3], 0.3)])
+    columns = await columns_for(fake_state(early, late), ("early", "late"))
+    drawn: list[tuple[float, tuple[str, ...]]] = []
+
+    async def render():
+        drawn.append((loop.time(), tuple(column.text for column in columns)))
+
+    await RoundRun(columns, "concurrent", render, tick_s=1.0).run()
+
+    def first_drawn(index: int, text: str) -> float:
+        return next(at for at, texts in drawn if texts[index].startswith(text))
+
+    started = min(early.started_at[0], late.started_at[0])
+    assert first_drawn(0, WORDS[0]) - started < 0.1  # its first word came after ~0.02 s
+    assert first_drawn(1, WORDS[0]) - started < 0.4  # after ~0.3 s, not at the 1 s tick
+    # Control: the early column's later words came within its first 0.06 s and waited for a tick.
+    assert first_drawn(0, "".join(WORDS[:3])) - started > 0.2

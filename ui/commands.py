@@ -1,8 +1,8 @@
 """What a message or a button asks for: a reply (single or round), or a report.
 
-`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status` and `/prompt` are Chainlit
-commands (picked from the composer) and also work typed as text; `/leaderboard` takes a filter
-("/leaderboard category=code lang=zh"). A message in compare or blind mode starts a round;
+`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status`, `/prompt` and `/trace` are
+Chainlit commands (picked from the composer) and also work typed as text; `/leaderboard` takes a
+filter ("/leaderboard category=code lang=zh"), `/trace` "notext" (the class's trace without texts). A message in compare or blind mode starts a round;
 otherwise the session's backend answers. Each asks the person's blind rule first (core.disclosure):
 while a blind round of theirs waits for its vote, a view or a reply that could name its columns
 waits, unless the person insists ("Show anyway", `insist`): the round then no longer counts as blind.
@@ -20,10 +20,10 @@ from core.round_flow import give_up_rounds
 from ui import engines_view, reports_view as reports, rounds_view, session_memory as memory, session_view as session
 from core.texts import text
 
-COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt")
+COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt", "trace")
 COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat", "engines": "gauge",
-                 "bench": "timer", "status": "activity", "prompt": "shuffle"}
-TAKES_ARGUMENTS = ("leaderboard",)
+                 "bench": "timer", "status": "activity", "prompt": "shuffle", "trace": "download"}
+TAKES_ARGUMENTS = ("leaderboard", "trace")
 
 
 async def announce_commands() -> None:
@@ -103,6 +103,8 @@ async def run_command(name: str, arguments: str = "") -> None:
         await engines_view.run_bench()
     elif name == "status":
         await session.show_status()
+    elif name == "trace":
+        await engines_view.export_trace(arguments)
 
 
 async def retry() -> None:

@@ -23,7 +23,9 @@ any blind round in the deployment is open only a teacher (with login on) may wat
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from datetime import datetime, timedelta, timezone
 from dataclasses import dataclass, field
 
 import chainlit as cl
@@ -32,11 +34,17 @@ import plotly.graph_objects as go
 from backends.base import display_label
 from backends.engine_metrics import EngineSnapshot
 from config import ConfigurationError
-from core.capacity import APP_PROMPTS, TeacherSweep, app_sweep_settings, listed
+from backends.llamacpp import PromptTokenizer
+from core.capacity import APP_PROMPTS, TeacherSweep, app_sweep_settings, listed, slo_from_env
+from core.load.class_fit import ClassFit
+from core.load.trace import busiest_window, class_session, class_shape, trace_from_replies, trace_jsonl
+from store import StoreError
 from core.load.article import RunSettings, article_table, hardware_summary, run_benchmark
+from core.load.stats import turns_line
 from core.load.sweep_report import levels_table, slo_phrase
-from core.load.prompt_sets import load_prompt_set
-from core.engines import SIMULATION_USERS, Simulation, SimulationPoint, panel_props
+from core.load.prompt_sets import load_conversation_set, load_prompt_set
+from core.engines import SIMULATION_USERS, CacheLesson, Simulation, SimulationPoint, panel_props
+from config import cache_lesson_backends
 from core.app_state import AppState, live_load_refusal, load_refusal
 from core.notices import Notice
 from core.texts import text
@@ -45,7 +53,6 @@ from ui.session_view import (MetricsElement, app_state, current_rule, current_us
 
 REFRESH_S = 1.0
 PANEL_OPEN_FOR_S = 600.0
-SIMULATION_PROMPTS = "en"
 CHAT_BENCH = RunSettings(concurrency=(1, 4), requests=8, max_new_tokens=64, warmup=1, prompt_set="en")
 
 
@@ -134,7 +141,10 @@ async def _refresh(panel: Panel, *, send: bool = True) -> bool:
                                       can_simulate=_may_load(current_user()), message=panel.message,
                                       stand_ins=stand_ins,
                                       sweep=state.capacity_sweep.props(lang()) if state.capacity_sweep else None,
-                                      sweeps=panel.sweeps)
+                                      sweeps=panel.sweeps,
+                                      lesson=state.cache_lesson.props() if state.cache_lesson else None,
+                                      can_lesson=_lesson_pair() is not None,
+                                      replay=state.class_replay.props(lang()) if state.class_replay else None)
     panel.previous = {reading.name: reading.snapshot for reading in readings if reading.snapshot is not None}
     if (refusal := await _panel_refusal()) is not None:  # it may have changed while reading
         panel.element.props = {"message": refusal, "closed": True, "engines": [], "simulation": None, "points": []}
@@ -201,10 +211,15 @@ async def simulate(payload: object) -> dict:
     return {"ok": True, "message": message}
 
 
+def class_conversations(lang_code: str):
+    """The shipped conversation set in the person's language: what simulated students say."""
+    return load_conversation_set("zh" if lang_code == "zh" else "en")
+
+
 async def _run_simulations(backends, users: int, stand_ins: dict[str, str | None]) -> None:
     state = app_state()
     try:
-        prompts = load_prompt_set(SIMULATION_PROMPTS)
+        prompts = class_conversations(lang())
         results = []
         try:
             for backend in backends:
@@ -222,8 +237,10 @@ async def _run_simulations(backends, users: int, stand_ins: dict[str, str | None
         lines = [f"| {p.backend} | {p.users} | {p.output_tokens_per_s:.1f} | "
                  f"{'–' if p.mean_ttft_ms is None else f'{p.mean_ttft_ms:.0f}'} | {p.completed} | {p.failed} |"
                  for p in results]
+        by_turn = [f"- {p.backend}: {turns_line(p.turns)}" for p in results if p.turns]
         await say(text("simulate_done", lang(), users=users) + "\n\n| backend | users | tokens/s (all) | "
-                  "mean TTFT ms | replies | failed |\n|---|---|---|---|---|---|\n" + "\n".join(lines))
+                  "mean TTFT ms | replies | failed |\n|---|---|---|---|---|---|\n" + "\n".join(lines)
+                  + ("\n\n" + text("ttft_by_turn", lang()) + "\n" + "\n".join(by_turn) if by_turn else ""))
     finally:
         await state.end_load(asyncio.current_task())
 
@@ -276,6 +293,135 @@ async def _run_capacity_sweep(sweep: TeacherSweep) -> None:
         table = levels_table(run)
         await say(text("sweep_done", lang_code, answer=sweep.answer(lang_code)) + "\n\n" + table
                   + (f"\n\n{notice.render(lang_code)}" if notice else ""), author="Engines")
+    finally:
+        await state.end_load(asyncio.current_task())
+
+
+def _lesson_pair() -> tuple[str, str] | None:
+    """The two backends of the prefix-cache lesson (CACHE_LESSON_BACKENDS), or None when not configured."""
+    try:
+        return cache_lesson_backends(dict(os.environ), app_state().registry.names)
+    except ConfigurationError:
+        return None
+
+
+async def cache_lesson(_payload: object = None) -> dict:
+    """The prefix-cache lesson: the class's conversations on CACHE_LESSON_BACKENDS (cache on, then off),
+    side by side in the engine panel, TTFT by turn. The same load rules as a simulation."""
+    state, lang_code = app_state(), lang()
+    try:
+        pair = cache_lesson_backends(dict(os.environ), state.registry.names)
+    except ConfigurationError as error:
+        return await _refuse(str(error))
+    if pair is None:
+        return await _refuse(text("lesson_not_configured", lang_code))
+    backends = (state.registry.get(pair[0]), state.registry.get(pair[1]))
+    async with state.load_lock:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user(),
+                                          rule=await current_rule())) is not None:
+            return await _refuse(refusal.render(lang_code))
+        stand_ins = await _stand_ins(list(pair), probe=set(pair))
+        labels = (display_label(backends[0].label, stand_ins[pair[0]]), display_label(backends[1].label, stand_ins[pair[1]]))
+        lesson = CacheLesson(backends, labels)
+        if (refusal := await state.start_load(Notice("lesson_busy", {"backends": " / ".join(labels)}),
+                                              _run_lesson(lesson))) is not None:
+            return await _refuse(refusal.render(lang_code))
+        state.cache_lesson = lesson
+        if _panel() is None:
+            await open_panel()
+    message = text("lesson_started", lang_code, on=labels[0], off=labels[1], users=lesson.users)
+    await say(message)
+    return {"ok": True, "message": message}
+
+
+async def _run_lesson(lesson: CacheLesson) -> None:
+    state, lang_code = app_state(), lang()
+    try:
+        await lesson.run(class_conversations(lang_code))
+        answer = lesson.answer()
+        lines = [f"- {label}: {turns_line(point.turns)}" for label, point in lesson.results.items()]
+        await say(text("lesson_done", lang_code, answer=answer or "–") + "\n\n" + "\n".join(lines), author="Engines")
+    finally:
+        await state.end_load(asyncio.current_task())
+
+
+CLASS_FIT_WINDOW_S = 120.0  # the panel replays the class's busiest two minutes, at its real pace
+CLASS_FIT_DAYS = 1  # the latest class session within this many days
+
+
+async def _class_trace(texts: bool) -> tuple[list, str | None]:
+    """The latest class session's trace (core/load/trace.py) from the stored replies of every student,
+    or why there is none."""
+    state, lang_code = app_state(), lang()
+    store = await state.storage()
+    if store is None:
+        return [], text("storage_unavailable", lang_code, problem=state.storage_problem)
+    try:
+        replies = await store.replies(limit=50_000, since=datetime.now(timezone.utc) - timedelta(days=CLASS_FIT_DAYS))
+    except StoreError as error:
+        return [], text("storage_failed", lang_code, problem=str(error))
+    session = class_session(replies)
+    if not session:
+        return [], text("trace_empty", lang_code)
+    tokenizer = await asyncio.to_thread(PromptTokenizer)
+    trace = await asyncio.to_thread(trace_from_replies, session, tokenizer.tokens, texts=texts)
+    return trace, None
+
+
+async def export_trace(arguments: str = "") -> None:
+    """/trace: the latest class session as a trace (JSONL, core/load/trace.py), texts left out with
+    "/trace notext". Teachers only: it holds every student's messages and timing."""
+    lang_code = lang()
+    if not _may_load(current_user()):
+        await say(text("trace_teachers_only", lang_code))
+        return
+    texts = arguments.strip().lower() not in ("notext", "no-text", "without-texts")
+    trace, problem = await _class_trace(texts)
+    if problem:
+        await say(problem)
+        return
+    shape = class_shape(trace)
+    name = f"class-trace-{datetime.now(timezone.utc):%Y-%m-%d}{'' if texts else '-notext'}.jsonl"
+    await say(text("trace_ready", lang_code, students=shape.students, messages=shape.messages, name=name,
+                   conversations=shape.conversations), author="Engines",
+              elements=[cl.File(name=name, content=trace_jsonl(trace), mime="application/jsonl", display="inline")])
+
+
+async def class_fit(_payload: object = None) -> dict:
+    """"Would today's class fit?": the busiest two minutes of the latest class session replayed on this
+    chat's backend(s) at its real pace, then at twice the class, answered in plain words. The same load
+    rules as a simulation."""
+    state, lang_code = app_state(), lang()
+    names = chosen_backends()
+    try:
+        slo = slo_from_env()
+    except ConfigurationError as error:
+        return await _refuse(str(error))
+    async with state.load_lock:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user(),
+                                          rule=await current_rule())) is not None:
+            return await _refuse(refusal.render(lang_code))
+        trace, problem = await _class_trace(texts=True)
+        if problem:
+            return await _refuse(problem)
+        window = busiest_window(trace, CLASS_FIT_WINDOW_S)
+        fit = ClassFit(window, slo, title="today" if len(window) == len(trace) else "window",
+                       window_minutes=CLASS_FIT_WINDOW_S / 60)
+        if (refusal := await state.start_load(Notice("class_fit_busy", {}), _run_class_fit(fit, names))) is not None:
+            return await _refuse(refusal.render(lang_code))
+        state.class_replay = fit
+        if _panel() is None:
+            await open_panel()
+    message = text("class_fit_started", lang_code, messages=len(window), backends=", ".join(names))
+    await say(message)
+    return {"ok": True, "message": message}
+
+
+async def _run_class_fit(fit: ClassFit, names: list[str]) -> None:
+    state, lang_code = app_state(), lang()
+    try:
+        await fit.run(state.registry, names)
+        await say(text("class_fit_done", lang_code, answer=fit.answer(lang_code)), author="Engines")
     finally:
         await state.end_load(asyncio.current_task())
 

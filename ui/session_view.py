@@ -18,6 +18,7 @@ import uuid
 
 import chainlit as cl
 from chainlit.chat_context import chat_context
+from chainlit.data import get_data_layer
 
 from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
@@ -64,6 +65,18 @@ class MetricsElement(cl.CustomElement):
 
     async def send(self, for_id: str, persist: bool = True) -> None:
         await super().send(for_id, persist=persist and self.final)
+
+    async def _create(self, persist: bool = True) -> bool:
+        """Chainlit's, without the file: a custom element is its props, which the browser receives
+        with every send, so the file Chainlit writes under .files/ for each sent element (a thread
+        hop per reply) is never read. The database row is kept (final props only, see `send`)."""
+        if self.persisted and not self.updatable:
+            return True  # a live refresh: only its props go to the browser
+        if persist and (data_layer := get_data_layer()) is not None:
+            asyncio.create_task(data_layer.create_element(self))
+        self.chainlit_key = self.chainlit_key or self.id  # Chainlit sends an element only with a key or a URL
+        self.persisted = True
+        return True
 
     async def update(self) -> None:
         final = self.final
@@ -408,16 +421,20 @@ class ChatReplyView:
         props = initial_props(backend=plan.label, model=plan.model, request=plan.request, lang=self.lang)
         metrics = MetricsElement(name="Metrics", props=props, display="inline")
         message.elements = [metrics]
-        # Marked with this process until it ends (the update below replaces the metadata).
-        message.metadata = await app_state().in_flight_mark()
-        await message.send()
+
+        async def shown() -> None:
+            # Marked with this process until it ends (the update below replaces the metadata).
+            message.metadata = await app_state().in_flight_mark()
+            await message.send()
+
         async def engine_at_start() -> str | None:
             await plan.engine_state()
             return plan.engine_summary()
 
+        # The request leaves first; the message and its figures go on screen while it is on its way.
         rule = lab().disclosure
         outcome = await LiveReply(plan.open_stream(), message, metrics, lang=self.lang, request=plan.request,
-                                  engine_at_start=engine_at_start, queue_shown=rule.engine_state_shown).run()
+                                  engine_at_start=engine_at_start, queue_shown=rule.engine_state_shown).run(shown())
         # The per-chunk timeline is in the database (and in the figures element), not on every message.
         message.metadata = {"record": outcome.record.as_dict(), "sent": dict(plan.request.sent)}
         # The figures were sent and stored final already: Chainlit's update would send and store them again.

@@ -27,9 +27,8 @@ from backends.base import GenerationParams, display_label
 from backends.errors import BackendError
 from backends.registry import Registry
 from core.load.engine_memory import MemoryReading, measure_memory
-from core.load.prompt_sets import BenchPrompt
-from core.load.runner import LevelResult, RequestOutcome, run_level
-from core.load.stats import REQUEST_COLUMNS, LevelSummary, as_json, request_row, summarise
+from core.load.runner import LevelResult, RequestOutcome, Workload, run_level, warm_up_prompts
+from core.load.stats import REQUEST_COLUMNS, LevelSummary, as_json, by_turn, request_row, summarise, turns_line
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,14 @@ class RunSettings:
     max_new_tokens: int = 128
     warmup: int = 1
     prompt_set: str = "en"
+    conversations: bool = False  # `prompt_set` names a conversation set: people talk turn after turn
+    think_time_s: float = 0.0  # between a person's turns (conversations only)
+
+    def workload_text(self) -> str:
+        if not self.conversations:
+            return f"Prompt set: {self.prompt_set}"
+        return (f"Conversation set: {self.prompt_set}, each person one whole conversation at a time "
+                f"({self.think_time_s:g} s reading each reply before the next turn)")
 
 
 @dataclass
@@ -108,7 +115,7 @@ ProgressCallback = Callable[[str, RequestOutcome | None], None]
 async def run_benchmark(
     registry: Registry,
     names: Sequence[str],
-    prompts: Sequence[BenchPrompt],
+    prompts: Workload,
     settings: RunSettings,
     progress: ProgressCallback | None = None,
 ) -> BenchmarkRun:
@@ -127,7 +134,7 @@ async def run_benchmark(
     return run
 
 
-async def _run_engine(registry: Registry, name: str, prompts: Sequence[BenchPrompt], settings: RunSettings,
+async def _run_engine(registry: Registry, name: str, prompts: Workload, settings: RunSettings,
                       params: GenerationParams, run: BenchmarkRun, progress: ProgressCallback | None) -> None:
     backend = registry.get(name)
     status = await registry.status(name)
@@ -145,13 +152,14 @@ async def _run_engine(registry: Registry, name: str, prompts: Sequence[BenchProm
     try:
         await backend.warm_up()
         if settings.warmup:
-            await run_level(backend, prompts, concurrency=1, requests=settings.warmup, params=params,
+            await run_level(backend, warm_up_prompts(prompts), concurrency=1, requests=settings.warmup, params=params,
                             model=info.model_id, on_done=report(f"{backend.label}: warm-up"), token_cache=token_cache)
         engine.memory = measure_memory(backend)
         for concurrency in settings.concurrency:
             level = await run_level(backend, prompts, concurrency=concurrency, requests=settings.requests,
                                     params=params, model=info.model_id, token_cache=token_cache,
-                                    on_done=report(f"{backend.label}: {concurrency} concurrent"))
+                                    on_done=report(f"{backend.label}: {concurrency} concurrent"),
+                                    think_time_s=settings.think_time_s)
             engine.levels.append(level)
             engine.summaries.append(summarise(level))
             if level.interrupted:
@@ -196,6 +204,11 @@ def article_table(run: BenchmarkRun) -> str:
                      [_number(s.output_throughput) if (s := e.at(level)) else "–" for e in engines]))
     rows.append(("mean input length (tokens, each engine's own tokenizer)",
                  [_number(e.summaries[0].mean_input_tokens, 0) if e.summaries else "–" for e in engines]))
+    if run.settings.conversations:
+        turns = sorted({t.turn for e in engines for level in e.levels[:1] for t in by_turn(level.outcomes)})
+        for turn in turns:
+            rows.append((f"TTFT (ms) of turn {turn}, mean at {first} concurrent (prompt tokens from cache)",
+                         [_turn_cell(e, turn) for e in engines]))
     failures = [sum(s.failed for s in e.summaries) for e in engines]
     if any(failures):
         rows.append(("failed requests", [str(count) for count in failures]))
@@ -208,7 +221,7 @@ def article_table(run: BenchmarkRun) -> str:
         f"Hardware: {run.hardware}.",
         "Models: " + "; ".join(f"{e.label}: `{e.model}`" + (f" ({e.server_version})" if e.server_version else "")
                                for e in engines) + ".",
-        f"Prompt set: {settings.prompt_set}; {settings.requests} requests per level, "
+        f"{settings.workload_text()}; {settings.requests} requests per level, "
         f"{settings.warmup} warm-up request(s) per engine; at most {settings.max_new_tokens} new tokens, greedy.",
         f"Measured {run.started_at:%Y-%m-%d %H:%M} UTC by `python -m bench` with the app's own timing module.",
     ]
@@ -220,6 +233,22 @@ def article_table(run: BenchmarkRun) -> str:
     if run.interrupted:
         conditions.append("Interrupted: the run was stopped before the end; these are the figures measured so far.")
     return "\n".join(lines + conditions) + "\n"
+
+
+def _turn_cell(engine: EngineResult, turn: int) -> str:
+    """'412.3 (88%)': a turn's mean TTFT at the first level, and the share of its prompt the engine
+    took from its cache ('cache not reported' where it does not say)."""
+    figures = next((t for level in engine.levels[:1] for t in by_turn(level.outcomes) if t.turn == turn), None)
+    if figures is None or figures.ttft_ms.mean is None:
+        return "–"
+    share = figures.cached_share
+    return f"{figures.ttft_ms.mean:,.1f} ({'cache not reported' if share is None else f'{share:.0%}'})"
+
+
+def turn_lines(run: BenchmarkRun) -> list[str]:
+    """Per engine and level, TTFT by turn number: where the engine's prefix cache shows."""
+    return [f"{display_label(e.label, e.stand_in)} at {level.concurrency} concurrent: {turns_line(by_turn(level.outcomes))}"
+            for e in run.engines for level in e.levels]
 
 
 def write_outputs(run: BenchmarkRun, directory: Path) -> dict[str, Path]:
@@ -240,7 +269,7 @@ def write_outputs(run: BenchmarkRun, directory: Path) -> dict[str, Path]:
         "engines": [{
             "backend": e.name, "label": e.label, "model": e.model, "server_version": e.server_version,
             "stand_in": e.stand_in, "memory": asdict(e.memory) if e.memory else None,
-            "levels": [as_json(s) for s in e.summaries],
+            "levels": [as_json(s, level) for s, level in zip(e.summaries, e.levels)],
         } for e in run.engines],
     }
     paths["summary.json"].write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")

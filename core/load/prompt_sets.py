@@ -7,6 +7,10 @@ two optional fields: "category" (a short tag) and "output_tokens" (the suggested
 number of new tokens). Other fields are ignored; blank lines are skipped.
 
 The built-in sets live in prompts/bench/ (see its README.md).
+
+A conversation set (prompts/conversations/, or your own JSONL file) holds whole conversations, one
+a line: a "system" prompt (a class shares one) and the student's "turns" in order; each turn is sent
+with the conversation so far, the engine's own earlier replies included (`Conversation`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from backends.base import ChatMessage
 from config import REPO
 
 PROMPT_SETS_DIR = REPO / "prompts" / "bench"
+CONVERSATION_SETS_DIR = REPO / "prompts" / "conversations"
 BUILT_IN_SETS = ("zh", "en")
 ROLES = ("system", "user", "assistant")
 
@@ -43,6 +48,81 @@ class BenchPrompt:
     category: str | None
     output_tokens: int | None
     source: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A scripted conversation of one student: the class's system prompt and the turns they type.
+
+    `source` is "<set or file name>:<line number>", e.g. "en:3". Turn n (from 1) is sent as the
+    system prompt, every earlier turn with the reply the engine really gave, then turn n.
+    """
+
+    system: str | None
+    turns: tuple[str, ...]
+    category: str | None
+    output_tokens: int | None
+    source: str
+
+    def messages(self, replies: Sequence[str]) -> tuple[ChatMessage, ...]:
+        """The request of turn `len(replies) + 1`, after the engine gave `replies` to the turns before."""
+        if len(replies) >= len(self.turns):
+            raise ValueError(f"conversation {self.source} has {len(self.turns)} turns")
+        messages = [ChatMessage("system", self.system)] if self.system else []
+        for question, reply in zip(self.turns, replies):
+            messages += [ChatMessage("user", question), ChatMessage("assistant", reply)]
+        return (*messages, ChatMessage("user", self.turns[len(replies)]))
+
+
+def load_conversation_set(spec: str) -> list[Conversation]:
+    """Load a built-in conversation set ("en", "zh") or a JSONL file of conversations by its path.
+
+    Each line: {"system": "...", "turns": ["...", "..."]} plus optional "id", "category" and
+    "output_tokens". Raises PromptSetError naming the file, the line and what is wrong."""
+    if spec in BUILT_IN_SETS:
+        path, label = CONVERSATION_SETS_DIR / f"{spec}.jsonl", f"conversations-{spec}"
+    else:
+        path, label = Path(spec), Path(spec).name
+        if not path.is_file():
+            raise PromptSetError(f"Unknown conversation set {spec!r}: use one of {', '.join(BUILT_IN_SETS)} "
+                                 "or a path to a JSONL file of conversations")
+    conversations = [_parse_conversation(line, path, number, label)
+                     for number, line in enumerate(_read_lines(path), start=1) if line.strip()]
+    if not conversations:
+        raise PromptSetError(f'{path} has no conversations: write one per line, e.g. {{"turns": ["...", "..."]}}')
+    return conversations
+
+
+def _parse_conversation(line: str, path: Path, line_number: int, label: str) -> Conversation:
+    def fail(problem: str) -> PromptSetError:
+        return PromptSetError(f"{path}, line {line_number}: {problem}")
+
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise fail(f"not valid JSON: {error.msg} (column {error.colno})") from error
+    if not isinstance(record, dict):
+        raise fail(f"expected a JSON object, got {_json_type(record)}")
+    turns = record.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise fail('needs a "turns" list: the student\'s messages in order')
+    system = record.get("system")
+    prompt = _parse_line(json.dumps({"prompt": "x", **{k: record[k] for k in ("category", "output_tokens")
+                                                       if k in record}}), path, line_number, label)
+    return Conversation(
+        system=None if system is None else _non_empty_string(system, '"system"', fail),
+        turns=tuple(_non_empty_string(turn, f'"turns"[{index}]', fail) for index, turn in enumerate(turns)),
+        category=prompt.category, output_tokens=prompt.output_tokens, source=f"{label}:{line_number}")
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        # utf-8-sig: a file saved with a byte-order mark (some Windows editors) still loads.
+        return path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as error:
+        raise PromptSetError(f"{path} is not UTF-8 text (byte {error.start}): save it as UTF-8") from error
+    except OSError as error:
+        raise PromptSetError(f"Cannot read prompt file {path}: {error.strerror}") from error
 
 
 def load_prompt_set(spec: str) -> list[BenchPrompt]:
@@ -83,16 +163,9 @@ def cycle(prompts: Sequence[BenchPrompt], n: int) -> list[BenchPrompt]:
 
 
 def _load_jsonl(path: Path, label: str) -> list[BenchPrompt]:
-    try:
-        # utf-8-sig: a file saved with a byte-order mark (some Windows editors) still loads.
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise PromptSetError(f"{path} is not UTF-8 text (byte {error.start}): save it as UTF-8") from error
-    except OSError as error:
-        raise PromptSetError(f"Cannot read prompt file {path}: {error.strerror}") from error
     prompts = [
         _parse_line(line, path, line_number, label)
-        for line_number, line in enumerate(text.splitlines(), start=1)
+        for line_number, line in enumerate(_read_lines(path), start=1)
         if line.strip()
     ]
     if not prompts:

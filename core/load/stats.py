@@ -126,9 +126,53 @@ def summarise(level: LevelResult) -> LevelSummary:
     )
 
 
-REQUEST_COLUMNS = ("backend", "stand_in", "max_concurrency", "index", "prompt", "success", "input_len", "output_len",
-                   "ttft_ms", "tpot_ms", "e2el_ms", "itl_mean_ms", "itl_max_ms", "decode_tokens_per_s",
-                   "tokens_exact", "started_at_unix_s", "error")
+@dataclass(frozen=True)
+class TurnFigures:
+    """The requests of one turn number (turn 1, turn 2...) of a level's conversations: how long their
+    first token took, and how much of their prompt the engine took from its cache."""
+
+    turn: int
+    completed: int
+    ttft_ms: Distribution
+    mean_input_tokens: float | None
+    mean_cached_input_tokens: float | None  # None: the engine did not report its cache
+
+    @property
+    def cached_share(self) -> float | None:
+        if self.mean_cached_input_tokens is None or not self.mean_input_tokens:
+            return None
+        return self.mean_cached_input_tokens / self.mean_input_tokens
+
+
+def by_turn(outcomes: Sequence[RequestOutcome]) -> list[TurnFigures]:
+    """Each turn number's figures over the completed requests (one row, turn 1, for single prompts)."""
+    turns: list[TurnFigures] = []
+    for turn in sorted({outcome.turn for outcome in outcomes}):
+        done = [o for o in outcomes if o.turn == turn and o.ok]
+        inputs = [o.input_tokens for o in done if o.input_tokens is not None]
+        cached = [o.cached_input_tokens for o in done if o.cached_input_tokens is not None]
+        turns.append(TurnFigures(
+            turn=turn, completed=len(done),
+            ttft_ms=Distribution.of([o.record.first_token_s * 1000 for o in done if o.record.first_token_s is not None]),
+            mean_input_tokens=statistics.fmean(inputs) if inputs else None,
+            mean_cached_input_tokens=statistics.fmean(cached) if cached else None))
+    return turns
+
+
+def turns_line(turns: Sequence[TurnFigures]) -> str:
+    """'turn 1: 412 ms (0% cached) · turn 2: 180 ms (86% cached) ...' - TTFT mean by turn number."""
+    parts = []
+    for figures in turns:
+        ttft = "–" if figures.ttft_ms.mean is None else f"{figures.ttft_ms.mean:,.0f} ms"
+        share = figures.cached_share
+        cached = "cache not reported" if share is None else f"{share:.0%} of the prompt cached"
+        parts.append(f"turn {figures.turn}: {ttft} ({cached})")
+    return " · ".join(parts)
+
+
+REQUEST_COLUMNS = ("backend", "stand_in", "max_concurrency", "index", "prompt", "conversation", "turn", "success",
+                   "input_len", "cached_input_len", "output_len", "ttft_ms", "tpot_ms", "e2el_ms", "itl_mean_ms",
+                   "itl_max_ms", "decode_tokens_per_s", "tokens_exact", "started_at_unix_s", "error")
 
 
 def request_row(level: LevelResult, outcome: RequestOutcome, *, stand_in: bool) -> dict:
@@ -144,7 +188,8 @@ def request_row(level: LevelResult, outcome: RequestOutcome, *, stand_in: bool) 
 
     return {
         "backend": level.backend, "stand_in": stand_in, "max_concurrency": level.concurrency, "index": outcome.index,
-        "prompt": outcome.prompt_source, "success": outcome.ok, "input_len": outcome.input_tokens,
+        "prompt": outcome.prompt_source, "conversation": outcome.conversation, "turn": outcome.turn,
+        "success": outcome.ok, "input_len": outcome.input_tokens, "cached_input_len": outcome.cached_input_tokens,
         "output_len": record.output_tokens if record else None,
         "ttft_ms": ms(record.first_token_s) if record else None,
         "tpot_ms": None if not record or record.ms_per_output_token is None else round(record.ms_per_output_token, 3),
@@ -160,7 +205,11 @@ def request_row(level: LevelResult, outcome: RequestOutcome, *, stand_in: bool) 
     }
 
 
-def as_json(summary: LevelSummary) -> dict:
-    return summary.vllm_fields() | {"distributions": {k: asdict(v) for k, v in (
+def as_json(summary: LevelSummary, level: LevelResult | None = None) -> dict:
+    """A level's summary under vLLM's names, its distributions, and (given its requests) its figures by turn."""
+    data = summary.vllm_fields() | {"distributions": {k: asdict(v) for k, v in (
         ("ttft_ms", summary.ttft_ms), ("tpot_ms", summary.tpot_ms), ("itl_ms", summary.itl_ms),
         ("e2el_ms", summary.e2el_ms))}}
+    if level is not None:
+        data["by_turn"] = [asdict(figures) for figures in by_turn(level.outcomes)]
+    return data

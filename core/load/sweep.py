@@ -32,8 +32,8 @@ from backends.engine_metrics import EngineSnapshot, MetricsFormatError
 from backends.errors import BackendError
 from backends.registry import Registry
 from core.load.arrivals import gamma_arrivals
-from core.load.prompt_sets import BenchPrompt
-from core.load.runner import LevelResult, LiveCounters, RequestOutcome, run_level
+from core.load.runner import (LevelResult, LiveCounters, RequestOutcome, Workload, conversations_needed,
+                              is_conversations, run_level, warm_up_prompts)
 from core.load.slo import Slo, meets
 from core.load.stats import LevelSummary, summarise
 from core.timing import percentile_of
@@ -71,6 +71,8 @@ class SweepSettings:
     warmup: int = 1
     seed: int = 0
     prompt_set: str = "en"
+    conversations: bool = False  # `prompt_set` names a conversation set (core.load.runner: people talk)
+    think_time_s: float = 0.0  # between a person's turns
 
     def __post_init__(self) -> None:
         if not self.levels or any(not level > 0 for level in self.levels):
@@ -352,7 +354,7 @@ ProgressCallback = Callable[[str, RequestOutcome | None], None]
 LevelCallback = Callable[[EngineSweep, LevelFigures], None]
 
 
-async def run_sweep(registry: Registry, names: Sequence[str], prompts: Sequence[BenchPrompt],
+async def run_sweep(registry: Registry, names: Sequence[str], prompts: Workload,
                     settings: SweepSettings, hardware: str, *, progress: ProgressCallback | None = None,
                     on_level: LevelCallback | None = None, live: LiveCounters | None = None) -> SweepRun:
     """Sweep every chosen backend that is up, one at a time; cancelled, it returns what was measured."""
@@ -380,7 +382,7 @@ async def run_sweep(registry: Registry, names: Sequence[str], prompts: Sequence[
     return run
 
 
-async def sweep_engine(backend: Backend, sweep: EngineSweep, prompts: Sequence[BenchPrompt],
+async def sweep_engine(backend: Backend, sweep: EngineSweep, prompts: Workload,
                        settings: SweepSettings, *, progress: ProgressCallback | None = None,
                        on_level: LevelCallback | None = None, live: LiveCounters | None = None) -> None:
     """Warm up, then run the levels in order until one saturates. Cancelled: raises CancelledError
@@ -393,7 +395,8 @@ async def sweep_engine(backend: Backend, sweep: EngineSweep, prompts: Sequence[B
 
     await backend.warm_up()
     if settings.warmup:
-        warm_up = await run_level(backend, prompts, concurrency=1, requests=settings.warmup, params=params,
+        warm_up = await run_level(backend, warm_up_prompts(prompts), concurrency=1, requests=settings.warmup,
+                                  params=params,
                                   model=sweep.model, on_done=report(f"{sweep.label}: warm-up"),
                                   token_cache=token_cache)
         if warm_up.interrupted:
@@ -405,8 +408,10 @@ async def sweep_engine(backend: Backend, sweep: EngineSweep, prompts: Sequence[B
     for index, level in enumerate(settings.levels):
         count = settings.requests_at(level)
         if settings.mode == "rate":
-            arrivals = gamma_arrivals(level, settings.burstiness, count, seed=settings.seed + index)
-            concurrency = settings.max_concurrency or count
+            # With conversations, the arrivals are the conversations' starts.
+            arriving = conversations_needed(prompts, count, 1) if is_conversations(prompts) else count
+            arrivals = gamma_arrivals(level, settings.burstiness, arriving, seed=settings.seed + index)
+            concurrency = settings.max_concurrency or arriving
         else:
             arrivals, concurrency = None, int(level)
         counters = live if live is not None else LiveCounters()
@@ -417,7 +422,8 @@ async def sweep_engine(backend: Backend, sweep: EngineSweep, prompts: Sequence[B
             result = await run_level(backend, prompts, concurrency=concurrency, requests=count, params=params,
                                      model=sweep.model, live=counters, token_cache=token_cache,
                                      arrival_times_s=arrivals, send_for_s=settings.max_seconds,
-                                     on_done=report(f"{sweep.label}: {settings.level_label(level)}"))
+                                     on_done=report(f"{sweep.label}: {settings.level_label(level)}"),
+                                     think_time_s=settings.think_time_s)
         finally:
             sampling.cancel()
             await asyncio.gather(sampling, return_exceptions=True)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from backends.base import display_label
 from core.load.slo import Slo
-from core.load.stats import REQUEST_COLUMNS, as_json, request_row
+from core.load.stats import REQUEST_COLUMNS, as_json, by_turn, request_row, turns_line
 from core.load.sweep import Capacity, EngineSweep, LevelFigures, Mode, SweepRun, SweepSettings, capacity
 
 LANGS = ("en", "zh")
@@ -147,7 +147,10 @@ def conditions(run: SweepRun, lang: str = "en") -> list[str]:
                                  for e in run.engines) + ".",
         f"- Load: {load}; {settings.requests} requests per level (at least one per person), no request sent "
         f"after {settings.max_seconds:g} s of a level; {settings.warmup} warm-up request(s) per engine.",
-        f"- Prompts: set `{settings.prompt_set}`, at most {settings.max_new_tokens} new tokens, greedy.",
+        (f"- Conversations: set `{settings.prompt_set}`, each person one whole conversation at a time, reading each "
+         f"reply {settings.think_time_s:g} s before the next turn; at most {settings.max_new_tokens} new tokens, greedy."
+         if settings.conversations else
+         f"- Prompts: set `{settings.prompt_set}`, at most {settings.max_new_tokens} new tokens, greedy."),
         f"- SLO: {slo_phrase(settings.slo)} ({', '.join(settings.slo.as_vllm_goodput())} in `vllm bench serve "
         f"--goodput` terms), for {settings.slo.percentile:g}% of replies; a failed reply misses it.",
         f"- Measured {run.started_at:%Y-%m-%d %H:%M} UTC by `python -m bench sweep` with the app's own load "
@@ -250,6 +253,10 @@ def capacity_markdown(run: SweepRun) -> str:
     parts += [f"- {line}" for line in answers(run, "en")] or ["- –"]
     parts += ["", _t("zh", "answer") + "（中文）", ""]
     parts += [f"- {line}" for line in answers(run, "zh")] or ["- –"]
+    if run.settings.conversations:
+        parts += ["", "## TTFT by turn", "",
+                  *[f"- {display_label(e.label, e.stand_in)} at {run.settings.level_label(f.level)}: "
+                    f"{turns_line(by_turn(level.outcomes))}" for e in run.engines for f, level in zip(e.levels, e.raw)]]
     parts += ["", _t("en", "conditions"), "", *conditions(run), "", _t("en", "levels"), "", levels_table(run), "",
               "Charts: `latency.html` / `latency.png` (percentiles against load), `pareto.html` / `pareto.png` "
               "(tokens/s per person against total tokens/s). Per request: `requests.csv`; per level: `sweep.csv`, "
@@ -268,7 +275,7 @@ def summary_json(run: SweepRun) -> dict:
             "backend": e.name, "label": e.label, "model": e.model, "server_version": e.server_version,
             "stand_in": e.stand_in, "stopped": e.stopped,
             "capacity": asdict(answer) if (answer := capacity(settings.mode, e)) else None,
-            "levels": [as_json(f.summary) | level_row(e, settings, f) for f in e.levels],
+            "levels": [as_json(f.summary, level) | level_row(e, settings, f) for f, level in zip(e.levels, e.raw)],
         } for e in run.engines],
     }
 

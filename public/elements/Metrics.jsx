@@ -25,6 +25,9 @@ const LABELS = {
     queue: "queue", prompt: "prompt processing", decode: "decode time", inference: "inference",
     perToken: "time per output token", decodeRate: "decode tokens/s", outputRate: "output tokens/s (incl. prefill)",
     promptRate: "prompt tokens/s", outTokens: "output tokens", inTokens: "prompt tokens",
+    cachedTokens: "prompt tokens from cache", computedTokens: "prompt tokens computed",
+    prompt: "prompt tokens", fromCache: (n) => `${n} cached`, cacheNotReported: "cache not reported",
+    prefill: "prefill tokens/s", pending: "…",
     sent: "sent to the engine", noServer: "This engine reported no figures of its own for this reply.",
     engineAtStart: "engine when the request left",
     compareRound: "Compare", blindRound: "Blind round", sequential: "one after another", concurrent: "all at once",
@@ -47,6 +50,9 @@ const LABELS = {
     queue: "排队", prompt: "提示词处理", decode: "解码时间", inference: "推理",
     perToken: "每个输出 token 的时间", decodeRate: "解码 tokens/秒", outputRate: "输出 tokens/秒（含预填充）",
     promptRate: "提示词 tokens/秒", outTokens: "输出 tokens", inTokens: "提示词 tokens",
+    cachedTokens: "来自缓存的提示词 tokens", computedTokens: "重新计算的提示词 tokens",
+    prompt: "提示词 tokens", fromCache: (n) => `${n} 个来自缓存`, cacheNotReported: "缓存未报告",
+    prefill: "预填充 tokens/秒", pending: "…",
     sent: "发送给引擎的参数", noServer: "该引擎没有为这条回复报告自己的数据。",
     engineAtStart: "请求发出时引擎的状态",
     compareRound: "比较", blindRound: "盲评", sequential: "依次运行", concurrent: "同时运行",
@@ -67,6 +73,21 @@ function fmtMs(ms) {
 
 function fmt(value, digits) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
+}
+
+// What the prompt cost, from the engine's own report: "412 · 380 cached"; "not reported" once the
+// reply has ended without the engine saying (until then it may still say, on its last chunk).
+function promptText(prompt, final, t) {
+  if (!prompt || prompt.tokens === null || prompt.tokens === undefined) return final ? t.notReported : t.pending;
+  const cached = prompt.cached === null || prompt.cached === undefined ? t.cacheNotReported : t.fromCache(prompt.cached);
+  return `${prompt.tokens} · ${cached}`;
+}
+
+function prefillText(prompt, final, t) {
+  if (!prompt || prompt.prefillTokensPerS === null || prompt.prefillTokensPerS === undefined) {
+    return final ? t.notReported : t.pending;
+  }
+  return fmt(prompt.prefillTokensPerS, 0);
 }
 
 // Inline styles: Chainlit's prebuilt Tailwind only has the classes its own UI uses.
@@ -174,6 +195,8 @@ function ServerTable({ props, t }) {
     [t.promptRate, "–", server.promptTokensPerS, (v) => fmt(v, 1)],
     [t.outTokens, String(props.tokens ?? "–"), server.outputTokens, (v) => String(v)],
     [t.inTokens, "–", server.inputTokens, (v) => String(v)],
+    [t.cachedTokens, "–", server.cachedTokens, (v) => String(v)],
+    [t.computedTokens, "–", server.computedTokens, (v) => String(v)],
   ];
   const cellStyle = { padding: "1px 10px 1px 0", textAlign: "left" };
   return (
@@ -262,6 +285,8 @@ function Figures({ p }) {
         <Cell label={t.tokens} value={`${p.tokens ?? 0}${p.tokensExact === false ? " ≈" : ""}`} testid="metrics-tokens" />
         <Cell label={t.elapsed} value={fmtMs(p.elapsedMs)} testid="metrics-elapsed" />
         {final ? <Cell label={t.tpot} value={fmt(p.msPerToken, 1)} testid="metrics-tpot" /> : null}
+        <Cell label={t.prompt} value={promptText(p.prompt, final, t)} testid="metrics-prompt" />
+        <Cell label={t.prefill} value={prefillText(p.prompt, final, t)} testid="metrics-prefill" />
       </div>
       {(p.ignored || []).map((line) => (
         <div key={line} style={{ color: "#ea580c", fontSize: "12px", marginTop: "2px" }} data-testid="metrics-ignored">
@@ -417,7 +442,12 @@ const PANEL = {
         sweep: "Capacity sweep", sweepTitle: (b) => `Capacity sweep on ${b}`, people: "people at once",
         sweepRunning: (r) => `measuring ${r.level} at once: ${r.finished}/${r.total} done, ${r.inFlight} in flight`,
         ttftChart: "TTFT p50 / p90 (ms)", perUserChart: "tokens/s per person (median)", sloMet: "SLO met",
-        earlier: "Earlier sweeps", stopped: "stopped" },
+        earlier: "Earlier sweeps", stopped: "stopped",
+        lesson: "Prefix-cache lesson", lessonTitle: "The same conversations, prefix cache on and off",
+        lessonRunning: (r) => `${r.backend}: ${r.finished}/${r.total} replies, ${r.inFlight} in flight`,
+        turn: "turn", ttftMean: "TTFT (mean)", cached: "prompt from cache", notReported: "not reported",
+        byTurn: "TTFT by turn", classFit: "Would today's class fit?",
+        replayRunning: (r) => `${r.stage}: ${r.finished}/${r.total} replies` },
   zh: { simulate: (n) => `模拟 ${n} 个用户`, close: "关闭", none: "无指标",
         running: (s) => `正在 ${s.backend} 上模拟 ${s.users} 个用户：已完成 ${s.finished}/${s.total}，进行中 ${s.inFlight}`,
         rate: "当前 tokens/秒（总计）", ttft: "TTFT 中位数", chartRate: "输出 tokens/秒（所有用户）", chartTtft: "平均 TTFT（毫秒）",
@@ -425,7 +455,12 @@ const PANEL = {
         sweep: "容量扫描", sweepTitle: (b) => `${b} 的容量扫描`, people: "同时使用人数",
         sweepRunning: (r) => `正在测 ${r.level} 人同时使用：已完成 ${r.finished}/${r.total}，进行中 ${r.inFlight}`,
         ttftChart: "TTFT p50 / p90（毫秒）", perUserChart: "每人 tokens/秒（中位数）", sloMet: "达到 SLO",
-        earlier: "以往的扫描", stopped: "已停止" },
+        earlier: "以往的扫描", stopped: "已停止",
+        lesson: "前缀缓存演示", lessonTitle: "同样的对话：前缀缓存开启与关闭",
+        lessonRunning: (r) => `${r.backend}：已完成 ${r.finished}/${r.total} 条回复，进行中 ${r.inFlight}`,
+        turn: "轮次", ttftMean: "首 token 时间（平均）", cached: "来自缓存的提示词", notReported: "未报告",
+        byTurn: "按轮次的首 token 时间", classFit: "今天的课能撑住吗？",
+        replayRunning: (r) => `${r.stage}：已完成 ${r.finished}/${r.total} 条回复` },
 };
 const LINE_COLORS = ["#3b82f6", "#16a34a", "#ea580c", "#9333ea", "#dc2626"];
 
@@ -492,12 +527,77 @@ function SweepView({ sweep, t }) {
   );
 }
 
+// One backend's TTFT by turn number, with the share of each turn's prompt its engine took from its cache.
+function TurnTable({ turns, t, testid }) {
+  if (!(turns || []).length) return null;
+  return (
+    <table style={{ borderCollapse: "collapse", fontSize: "12px" }} data-testid={testid}>
+      <thead><tr className="text-muted-foreground">
+        <th style={{ paddingRight: "10px", textAlign: "left" }}>{t.turn}</th>
+        <th style={{ paddingRight: "10px", textAlign: "left" }}>{t.ttftMean}</th>
+        <th style={{ textAlign: "left" }}>{t.cached}</th>
+      </tr></thead>
+      <tbody>
+        {turns.map((turn) => (
+          <tr key={turn.turn} data-testid="turn-row">
+            <td style={{ paddingRight: "10px" }}>{turn.turn}</td>
+            <td className="font-mono" style={{ paddingRight: "10px" }} data-testid="turn-ttft">
+              {turn.meanTtftMs === null ? "–" : `${Math.round(turn.meanTtftMs)} ms`}</td>
+            <td className="font-mono" data-testid="turn-cached">
+              {turn.cachedShare === null ? t.notReported : `${Math.round(turn.cachedShare * 100)}% (${turn.meanCachedTokens}/${turn.meanPromptTokens})`}</td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+// The prefix-cache lesson: the same conversations on a backend with its prefix cache and one without.
+function LessonView({ lesson, t }) {
+  return (
+    <div data-testid="lesson" data-done={String(!!lesson.done)} style={{ marginTop: "6px" }}>
+      <div style={{ fontWeight: 600 }}>🧠 {t.lessonTitle}</div>
+      {lesson.running ? <div data-testid="lesson-running">{t.lessonRunning(lesson.running)}</div> : null}
+      <div style={{ display: "grid", gridTemplateColumns: "repeat(auto-fit, minmax(220px, 1fr))", gap: "8px" }}>
+        {lesson.columns.map((c) => (
+          <div key={c.label} className="rounded-md border" style={{ padding: "4px 8px" }} data-testid="lesson-column">
+            <div style={{ fontWeight: 600 }}>{c.label}</div>
+            <TurnTable turns={c.turns} t={t} testid="lesson-turns" />
+          </div>
+        ))}
+      </div>
+      {lesson.answer ? <div data-testid="lesson-answer" style={{ marginTop: "4px" }}>{lesson.answer}</div> : null}
+      {lesson.problem ? <div data-testid="lesson-problem">⚠️ {lesson.problem}</div> : null}
+    </div>
+  );
+}
+
+// "Would today's class fit?": the class's own traffic replayed on the engines, in plain words.
+function ReplayView({ replay, t }) {
+  return (
+    <div data-testid="class-fit" data-done={String(!!replay.done)} style={{ marginTop: "6px" }}>
+      <div style={{ fontWeight: 600 }}>🏫 {replay.title}</div>
+      {replay.running ? <div data-testid="class-fit-running">{t.replayRunning(replay.running)}</div> : null}
+      {replay.answer ? <div data-testid="class-fit-answer" style={{ marginTop: "4px" }}>{replay.answer}</div> : null}
+      {replay.problem ? <div data-testid="class-fit-problem">⚠️ {replay.problem}</div> : null}
+    </div>
+  );
+}
+
 function EnginePanel() {
   const p = props;
   const t = PANEL[p.lang] || PANEL.en;
   const [answer, setAnswer] = useState(null);
   const startSweep = async () => {
     const reply = await callAction({ name: "capacity_sweep", payload: {} });
+    setAnswer((reply && reply.response && reply.response.message) || null);
+  };
+  const startLesson = async () => {
+    const reply = await callAction({ name: "cache_lesson", payload: {} });
+    setAnswer((reply && reply.response && reply.response.message) || null);
+  };
+  const classFit = async () => {
+    const reply = await callAction({ name: "class_fit", payload: {} });
     setAnswer((reply && reply.response && reply.response.message) || null);
   };
   const simulate = async (users) => {
@@ -541,6 +641,14 @@ function EnginePanel() {
           <UsersChart points={p.points} users={p.users} field="meanTtftMs" title={`${t.chartTtft} × ${t.users}`} testid="users-chart-ttft" />
         </div>
       ) : null}
+      {(p.points || []).filter((point) => (point.turns || []).length > 1).map((point) => (
+        <div key={`${point.backend}-${point.users}`} style={{ marginTop: "4px" }} data-testid="simulation-turns">
+          <div className="text-muted-foreground">{t.byTurn}: {point.backend} · {point.users} {t.users}</div>
+          <TurnTable turns={point.turns} t={t} testid="simulation-turn-table" />
+        </div>
+      ))}
+      {p.lesson ? <LessonView lesson={p.lesson} t={t} /> : null}
+      {p.replay ? <ReplayView replay={p.replay} t={t} /> : null}
       {p.sweep ? <SweepView sweep={p.sweep} t={t} /> : null}
       {(p.sweeps || []).length ? (
         <details data-testid="sweeps" style={{ marginTop: "6px" }}>
@@ -559,6 +667,12 @@ function EnginePanel() {
           )) : <span className="text-muted-foreground">{t.teacher}</span>}
           {p.canSimulate ? (
             <button type="button" style={button} data-testid="capacity-sweep" onClick={startSweep}>{t.sweep}</button>
+          ) : null}
+          {p.canSimulate && p.canLesson ? (
+            <button type="button" style={button} data-testid="cache-lesson" onClick={startLesson}>{t.lesson}</button>
+          ) : null}
+          {p.canSimulate ? (
+            <button type="button" style={button} data-testid="class-fit-button" onClick={classFit}>{t.classFit}</button>
           ) : null}
           <button type="button" style={button} data-testid="close-panel"
                   onClick={() => callAction({ name: "close_panel", payload: {} })}>{t.close}</button>
