@@ -310,6 +310,10 @@ async def test_a_blind_round_in_one_session_holds_the_same_persons_other_session
     tab2.settings = replace(tab2.settings, backend="third")
     await answer(state, tab2, "hi", view, thread_id=None, user="alice")
     assert len(view.plans) == 1 and view.plans[0].engine_summary() is None
+    compare = Display()  # a compare round on the same backends, from the other tab: waits too
+    tab2.settings = replace(tab2.settings, mode="compare")
+    assert await play(state, tab2, "hello", compare, thread_id=None, user="alice", lang="en") is None
+    assert [wait.key for wait in compare.waited] == ["blind_wait_reply"] and compare.rounds == []
     bob_view = ChatView()
     await answer(state, other_person, "hello", bob_view, thread_id=None, user="bob")
     assert bob_view.waited == [] and len(bob_view.plans) == 1
