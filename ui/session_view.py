@@ -250,7 +250,8 @@ def _new_session(state: AppState, conversation: Conversation | None = None,
 
 
 async def start(actions: list[cl.Action] | None = None) -> None:
-    """New chat: settings panel, then the backends' status (a down backend is shown, not hidden)."""
+    """New chat: settings panel, then the backends' status (a down backend is shown, not hidden), or,
+    while a blind round of the person waits for its vote, that the status waits too."""
     state, lang_code = app_state(), lang()
     session = _new_session(state)
     free_closed_sessions()
