@@ -49,8 +49,9 @@ def live_props(figures: LiveFigures, *, backend: str, model: str, lang: str,
     an engine's queue shows as being sent, not its place: the queue's length says how busy the
     engine is with the round."""
     queued = figures.queue_position if queue_shown else None
+    waiting = not queue_shown and figures.first_token_s is None  # queued or not: both look the same
     return {
-        "state": "queued" if queued else ("streaming" if figures.first_token_s is not None or queue_shown else "starting"),
+        "state": "queued" if queued else ("starting" if waiting else "streaming"),
         "lang": lang,
         "backend": backend,
         "model": model,

@@ -26,7 +26,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from core.auth import hash_password
-from servers.app import AppServer, backend_env, run_coroutine, stored
+from servers.app import backend_env, run_coroutine, stored
 from servers.paced_openai import start_paced_server
 from store.records import UNRATED_SHOWN_BEFORE_VOTE
 from tests.browser_frames import collect_frames, drain_frames

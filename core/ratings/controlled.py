@@ -52,7 +52,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from core.ratings.battles import SPEED_SHOWN_IN, Battle, Side, vote_count
+from core.ratings.battles import SPEED_SHOWN_IN, Battle, Side, vote_count  # noqa: F401 (SPEED_SHOWN_IN re-exported)
 from core.ratings.ratings import (
     BOOTSTRAP_SAMPLES,
     INTERVAL_PERCENT,
