@@ -11,6 +11,7 @@ import gc
 import logging
 
 import chainlit as cl
+from chainlit.config import config as chainlit_config
 from chainlit.server import app as chainlit_server
 from fastapi.routing import APIRoute
 
@@ -18,7 +19,7 @@ from core.ratings import one_blas_thread
 
 one_blas_thread()  # before anything imports numpy
 
-from ui import commands, engines_view, lab_state, login_guard, page_headers, rounds_view  # noqa: E402
+from ui import browser_id, commands, engines_view, lab_state, login_guard, page_headers, rounds_view  # noqa: E402
 from ui import session_view as session  # noqa: E402
 from core.auth import current_config  # noqa: E402
 from ui.session_view import guarded  # noqa: E402
@@ -73,6 +74,8 @@ chainlit_server.router.routes.insert(0, APIRoute("/lab/state", lab_state.state_e
 chainlit_server.add_middleware(lab_state.ReplicaHeader)
 # Images and videos load only from the app's own origin or LAB_IMAGE_ORIGINS (core/images.py).
 chainlit_server.add_middleware(page_headers.PageHeaders, origins=configured_image_origins())
+# Without login, a browser is the person a blind round's rule belongs to (core/disclosure.py): its id cookie.
+chainlit_server.add_middleware(browser_id.BrowserId, root_path=chainlit_config.run.root_path or "/")
 
 if AUTH.enabled:
     # Passwords are checked off the event loop, behind per-name and per-address limits.
@@ -124,6 +127,12 @@ async def on_retry(action: cl.Action) -> None:
 @guarded
 async def on_vote(action: cl.Action) -> dict:
     return await rounds_view.vote(action.payload)
+
+
+@cl.action_callback("blind_insist")
+@guarded
+async def on_blind_insist(action: cl.Action) -> None:
+    await commands.insist(action.payload)
 
 
 @cl.action_callback("leaderboard")

@@ -10,19 +10,25 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Mapping
 
+from backends.base import display_label
 from backends.errors import BackendError, BackendTimeout, BackendUnavailable, ConnectionLost
 from backends.registry import BackendStatus, Registry
-from config import ChatDefaults, ConfigurationError, backend_names, load_env
+from config import ChatDefaults, ConfigurationError, backend_names, load_env, parse_seconds
 from core.auth import AuthConfig, auth_from_env
 from core.capacity import TeacherSweep
+from core.disclosure import Disclosure, DisclosureBook, HeldRound, identifying_words
 from core.engines import CacheLesson, EngineReadings, Simulation
 from core.notices import Notice
 from core.replica import process_key, replica_id
 from core.settings import load_presets
 from store import DatabaseUnavailable, SavedLater, Store, StoredReply, StoredSweep, StoreError
+from store.changes import ChangeFeed
+from store.db import BLIND_CHANNEL
 from store.locks import LOAD_RUN, PROCESS_ALIVE_SPACE, HeldLock, LockKey
+from store.records import utc_now
 
 if TYPE_CHECKING:
     from core.load.class_fit import ClassFit
@@ -38,6 +44,10 @@ STATUS_TIMEOUT_S = 4.0
 # How a replica names the connection that holds the deployment's load lock (see store.locks).
 LOAD_LOCK_NAME = "serving-lab load "
 PROCESS_LOCK_NAME = "serving-lab process "
+# How long an unvoted blind round counts as open for the deployment's rule (live engine load for
+# teachers only, core/disclosure.py): a lesson, by default; a round left longer stops holding others.
+BLIND_OPEN_VARIABLE = "BLIND_OPEN_S"
+DEFAULT_BLIND_OPEN_S = 7200.0
 
 
 @dataclass
@@ -75,18 +85,88 @@ class AppState:
     # Held while this process lives (PostgreSQL): its replies in flight are its own, not interrupted.
     _alive: HeldLock | None = None
     _alive_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # replies start together: one takes it
+    # Every person's blind rule in this process (core/disclosure.py), read from the database and kept
+    # until PostgreSQL announces a change (`_changes`) or, without that, for a moment.
+    blind_open_s: float = DEFAULT_BLIND_OPEN_S
+    disclosures: DisclosureBook = field(default=None)  # type: ignore[assignment] - made in __post_init__
+    _changes: ChangeFeed | None = None
+
+    def __post_init__(self) -> None:
+        if self.disclosures is None:
+            self.disclosures = DisclosureBook(self._waiting_rounds_of, self._open_blind_rounds)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AppState":
         if env is None:
             load_env()
             env = dict(os.environ)
+        raw_open = (env.get(BLIND_OPEN_VARIABLE) or "").strip()
         return cls(
             registry=Registry.from_env(env),
             defaults=ChatDefaults.from_env(env, backend_names(env)),
             presets=load_presets(),
             auth=auth_from_env(env),
+            blind_open_s=parse_seconds(BLIND_OPEN_VARIABLE, raw_open) if raw_open else DEFAULT_BLIND_OPEN_S,
         )
+
+    # ------------------------------------------------------------ the blind rule (core/disclosure.py)
+
+    async def rule(self, person: str, *, wait_s: float | None = None) -> Disclosure:
+        """This person's blind rule, up to date (read again only after a change or, without a change
+        feed, after a moment); the database is opened first so its change feed listens."""
+        await self.storage()
+        if wait_s is None:
+            return await self.disclosures.current(person)
+        return await self.disclosures.current(person, wait_s=wait_s)
+
+    def backend_words(self, name: str, status: BackendStatus | None = None) -> set[str]:
+        """What would name this backend in a browser (core.disclosure.identifying_words): its name,
+        labels and address, and its model id where a status of it is known."""
+        if name not in self.registry.names:
+            return {name}
+        backend = self.registry.get(name)
+        status = status or self.cached_statuses().get(name)
+        info = status.info if status is not None else None
+        return identifying_words(name=backend.name, label=backend.label, url=backend.url,
+                                 model=info.model_id if info else "",
+                                 display_label=display_label(backend.label, info.stand_in if info else None))
+
+    async def _waiting_rounds_of(self, person: str) -> dict[str, HeldRound]:
+        """The book's reader: a person's blind rounds that wait for a vote, on every replica."""
+        store = await self.storage()
+        if store is None:  # no database: the rounds are this process's own, held where they started
+            return {}
+        if store.outbox is not None and store.outbox.waiting:
+            # Rounds written by this process before a restart may be among them: the database cannot say.
+            raise DatabaseUnavailable(f"{store.outbox.waiting} row(s) still wait to be written")
+        waiting = await store.waiting_blind_rounds(person)
+        held = {}
+        for stored in waiting:
+            names = [column.backend for column in stored.columns]
+            words = set().union(*(self.backend_words(name) for name in names))
+            held[stored.id] = HeldRound(frozenset(words), frozenset(names))
+        return held
+
+    async def _open_blind_rounds(self) -> int:
+        """The book's counter: blind rounds of anyone, started within BLIND_OPEN_S, without a vote."""
+        store = await self.storage()
+        if store is None:
+            return 0
+        if store.outbox is not None and store.outbox.waiting:
+            raise DatabaseUnavailable(f"{store.outbox.waiting} row(s) still wait to be written")
+        return await store.open_blind_rounds(utc_now() - timedelta(seconds=self.blind_open_s))
+
+    def _listen_for_changes(self, store: Store) -> None:
+        """On PostgreSQL, other replicas announce changes of blind rounds; on SQLite (one process) and
+        without a database every change is this process's own."""
+        book = self.disclosures
+
+        def lost() -> None:
+            book.feed_live = self._changes is not None and self._changes.live
+            book.feed_lost()
+
+        self._changes = store.listen(BLIND_CHANNEL, on_change=book.changed, on_lost=lost)
+        book.one_process = self._changes is None
 
     async def status(self, name: str, fresh: bool = False) -> BackendStatus:
         """Health + info of one backend, cached briefly so a classroom does not hammer servers.
@@ -134,10 +214,12 @@ class AppState:
                 await store.aclose()
             self.storage_problem = str(error)
             log.error("storage unavailable: %s", error)
+            self.disclosures.one_process = True  # nothing stored: every round is this process's own
             return
         waiting, self._store = self._store, store
         self.storage_problem, self._storage_ready = None, True
         store.start_outbox()  # after the migration: no waiting row before its table
+        self._listen_for_changes(store)
         if waiting is not None:
             await waiting.aclose()
             log.warning("storage: the database answers again; rows kept meanwhile are being written")
@@ -282,14 +364,39 @@ def _elsewhere(holder: str | None) -> Notice | None:
     return Notice("load_elsewhere", {"replica": holder.removeprefix(LOAD_LOCK_NAME) or "?"})
 
 
-async def load_refusal(state: AppState, mode: str, user: str | None) -> Notice | None:
+def sees_live_load(state: AppState, user: str | None) -> bool:
+    """Whether this person may see live per-engine load while blind rounds are open in the
+    deployment: a teacher, with login on. With login off nobody can be told apart, so nobody
+    (core/disclosure.py, README "Blind is per person")."""
+    return state.auth.enabled and state.auth.is_teacher(user)
+
+
+async def live_load_refusal(state: AppState, mode: str, user: str | None, *, rule: Disclosure) -> Notice | None:
+    """Why this person may not watch the engines' live load now (the engine panel), or None: never in
+    blind mode or while a blind round of theirs waits; while any blind round in the deployment is open,
+    teachers only."""
+    if mode == "blind":
+        return Notice("panel_blind")
+    if (wait := rule.refusal("engines")) is not None:
+        return Notice(wait.key, wait.values)
+    if not sees_live_load(state, user) and await state.disclosures.deployment_open():
+        return Notice("panel_class_blind")
+    return None
+
+
+async def load_refusal(state: AppState, mode: str, user: str | None, *, rule: Disclosure) -> Notice | None:
     """Why this person may not start load (a simulation, a sweep or /bench) now, or None. With login on
-    only teachers may; never in blind mode (an engine's load would show which column is which); and one
-    load run at a time in the deployment."""
+    only teachers may; never in blind mode or while a blind round of theirs waits (an engine's load
+    would show which column is which), nor, for anyone but a teacher, while any blind round in the
+    deployment is open; and one load run at a time in the deployment."""
     if not state.auth.is_teacher(user):
         return Notice("simulate_teachers_only")
     if mode == "blind":
         return Notice("panel_blind")
+    if (wait := rule.load_refusal()) is not None:
+        return Notice(wait.key, wait.values)
+    if not sees_live_load(state, user) and await state.disclosures.deployment_open():
+        return Notice("panel_class_blind")
     return await state.running_load()
 
 

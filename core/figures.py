@@ -43,14 +43,19 @@ def prompt_props(server: ServerFigures | None) -> dict | None:
 
 
 def live_props(figures: LiveFigures, *, backend: str, model: str, lang: str,
-               ignored: list[str] | None = None) -> dict:
-    """Props for public/elements/Metrics.jsx while streaming (small: sent ~10 times a second)."""
+               ignored: list[str] | None = None, queue_shown: bool = True) -> dict:
+    """Props for public/elements/Metrics.jsx while streaming (small: sent ~10 times a second).
+    Without `queue_shown` (a blind round of the person waits: core.disclosure) a reply waiting in
+    an engine's queue shows as being sent, not its place: the queue's length says how busy the
+    engine is with the round."""
+    queued = figures.queue_position if queue_shown else None
+    waiting = not queue_shown and figures.first_token_s is None  # queued or not: both look the same
     return {
-        "state": "queued" if figures.queue_position else "streaming",
+        "state": "queued" if queued else ("starting" if waiting else "streaming"),
         "lang": lang,
         "backend": backend,
         "model": model,
-        "queuePosition": figures.queue_position,
+        "queuePosition": queued,
         "elapsedMs": round(figures.elapsed_s * 1000),
         "ttftMs": _ms(figures.first_token_s),
         "tokens": figures.output_tokens,

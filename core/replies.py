@@ -24,6 +24,7 @@ from backends.engine_metrics import EngineSnapshot
 from backends.errors import BackendError
 from backends.watchdog import watched
 from core.app_state import AppState
+from core.disclosure import Disclosure, Wait
 from core.engines import reading_age_note, state_summary
 from core.figures import ignored_lines
 from core.history import fit_to_context
@@ -46,7 +47,10 @@ class ReplyPlan:
     The engine's state is the process's shared reading (core.engines.EngineReadings): one at most
     a few hundred ms old, or the one being taken as the request leaves; nothing waits for it
     before the request leaves. `engine_at_start` is it once taken (the stream's end awaits it:
-    `engine_state`), and `engine_summary` says how far from the request it was read."""
+    `engine_state`), and `engine_summary` says how far from the request it was read - nothing while
+    the person's blind rule holds (`rule`, core.disclosure: with a round of theirs running, an
+    engine's state at another reply's start says which engine is busy when). The stored reply
+    keeps the reading whatever the rule (shown by /stats, after the vote)."""
 
     backend: Backend
     model: str
@@ -55,6 +59,7 @@ class ReplyPlan:
     engine_reading: asyncio.Future | None = field(default=None, compare=False, repr=False)
     stand_in: str | None = None  # the server stands in for another engine (the TGI-protocol test server)
     planned_at_s: float = field(default_factory=time.monotonic)  # the clock of EngineSnapshot.taken_at_s
+    rule: Disclosure | None = field(default=None, compare=False, repr=False)  # whose blind rule it shows under
 
     @property
     def label(self) -> str:
@@ -75,8 +80,13 @@ class ReplyPlan:
             await asyncio.wait([self.engine_reading], timeout=timeout_s)
         return self.engine_at_start
 
-    def engine_summary(self) -> str | None:
-        """The engine's state in one line, with how far from the request it was read."""
+    def engine_summary(self, shown: bool | None = None) -> str | None:
+        """The engine's state in one line, with how far from the request it was read (None when it is
+        not known, or not `shown`: by default, while the person's blind rule holds)."""
+        if shown is None:
+            shown = self.rule is None or self.rule.engine_state_shown()
+        if not shown:
+            return None
         snapshot = self.engine_at_start
         summary = state_summary(snapshot)
         return None if summary is None else f"{summary} ({reading_age_note(snapshot, self.planned_at_s)})"
@@ -105,8 +115,10 @@ async def plan_reply(
     settings: SessionSettings,
     history: Sequence[ChatMessage],
     user_text: str,
+    rule: Disclosure | None = None,
 ) -> ReplyPlan | Refusal:
-    """Check the backend, fit the conversation into its context, prepare the request."""
+    """Check the backend, fit the conversation into its context, prepare the request (shown under
+    the person's blind `rule`)."""
     backend = state.registry.get(settings.backend)
     turns = [*history, ChatMessage("user", user_text)]
     try:
@@ -132,7 +144,7 @@ async def plan_reply(
     # What the engine was busy with, so a slow reply can be explained later: the shared reading,
     # never a scrape of this reply's own before its request leaves.
     return ReplyPlan(backend, model, request, tuple(notices), state.readings.reading_now(backend),
-                     stand_in=status.info.stand_in if status.info else None)
+                     stand_in=status.info.stand_in if status.info else None, rule=rule)
 
 
 def request_shape(messages: Sequence[ChatMessage]) -> dict:
@@ -205,6 +217,10 @@ class ReplyView(Protocol):
     async def failed(self, label: str, reason: str) -> None:
         """Say that `label` could not answer and why; offer to send the message again."""
 
+    async def waits(self, wait: Wait) -> None:
+        """A blind round of the person with this backend waits for its vote: say so, offer to vote
+        first or to send anyway (core.round_flow.give_up_rounds); the message waits."""
+
     async def stream(self, plan: ReplyPlan) -> tuple[StreamOutcome, str]:
         """Show the reply as it streams (`plan.open_stream()`, consumed by core.streaming) and its
         final figures; return how it ended and the id the reply is shown (and stored) under."""
@@ -215,8 +231,14 @@ class ReplyView(Protocol):
 
 async def answer(state: AppState, session: LabSession, user_text: str, view: ReplyView, *,
                  thread_id: str | None, user: str | None) -> None:
-    """Answer one message with the session's backend and settings: plan, stream, store, tell."""
-    plan = await plan_reply(state, session.settings, session.history, user_text)
+    """Answer one message with the session's backend and settings: plan, stream, store, tell. A reply
+    from a backend of a blind round of the person that waits for its vote waits (core.disclosure)."""
+    rule = await state.rule(session.person)
+    if (wait := rule.reply_wait([session.settings.backend])) is not None:
+        session.pending = user_text
+        await view.waits(wait)
+        return
+    plan = await plan_reply(state, session.settings, session.history, user_text, rule)
     if isinstance(plan, Refusal):
         session.pending = user_text
         await view.failed(plan.label, plan.reason)

@@ -1,13 +1,17 @@
 """A compare or blind round, end to end, without Chainlit: plan -> stream -> store -> notices ->
 vote -> reveal.
 
-`play` runs one prompt on 2-4 backends side by side (core.rounds: columns, run order, the one
-stream loop per column, what the browser may see), hides a blind round's backends from every
-view until its vote (core.disclosure), keeps the round, its replies and its revealed view in the
-database (each write that has to wait is said once), and continues each backend's own thread of
-the conversation. `cast_vote` checks a vote, stores it and reveals the round. The UI
-(ui/rounds_view.py) implements `RoundDisplay`: how to show a round as it streams, a notice, a
-round that cannot start.
+`play` runs one prompt on 2-4 backends side by side (core.rounds: columns, run order - a
+sequential one in a random order -, the one stream loop per column, what the browser may see),
+hides a blind round's backends from every view of its person until its vote (core.disclosure: in
+every tab of this process at once, on other replicas once the round is in the database), keeps
+the round, its replies and its revealed view in the database (each write that has to wait is said
+once), and continues each backend's own thread of the conversation. A round whose backends are
+those of a blind round of the person still waiting for its vote waits (`give_up_rounds`: the
+person insists, and that round is marked not blind). A blind round stopped before its end shows
+every column's partial text at once: its vote is marked as one that saw speed. `cast_vote`
+checks a vote, stores it and reveals the round. The UI (ui/rounds_view.py) implements
+`RoundDisplay`: how to show a round as it streams, a notice, a round that cannot start.
 """
 
 from __future__ import annotations
@@ -21,15 +25,15 @@ from backends.base import ChatMessage, display_label
 from backends.errors import BackendError
 from backends.registry import BackendStatus
 from core.app_state import AppState
-from core.disclosure import identifying_words
+from core.disclosure import Wait
 from core.input import remove_control_characters
 from core.notices import Notice
 from core.replies import Refusal, ReplyPlan, plan_reply, stored_reply
-from core.rounds import (Column, RevealPace, RoundRun, RoundSettings, RoundSettingsError, assign_labels, round_props,
-                         run_order_for)
+from core.rounds import (Column, RevealPace, RoundRun, RoundSettings, RoundSettingsError, assign_labels,
+                         random_run_sequence, round_props, run_order_for)
 from core.session_state import LabSession
 from store import CompareRound, RoundColumn, SavedLater, Store, StoreError, Vote, names_in_comment
-from store.records import UNRATED_COMMENT_NAMES_BACKEND, utc_now
+from store.records import UNRATED_COMMENT_NAMES_BACKEND, UNRATED_SHOWN_BEFORE_VOTE, utc_now
 from vocabulary import VOTE_OUTCOMES
 
 RECENT_ROUNDS = 20  # rounds per session kept in memory; older ones are voted on from the database
@@ -47,13 +51,15 @@ class Round:
     final: bool = False
     vote: dict | None = None
     pace: RevealPace = field(default_factory=RevealPace)  # blind reveal "pace": the common token count
+    speed_seen: bool = False  # stopped with its partial texts shown at once (see `play`)
 
-    def props(self, lang: str, *, revealed: bool | None = None) -> dict:
-        """What the browser may receive of it now (core.rounds.round_props: anonymous until voted)."""
+    def props(self, lang: str, *, revealed: bool | None = None, engine_state: bool = True) -> dict:
+        """What the browser may receive of it now (core.rounds.round_props: anonymous until voted;
+        without `engine_state`, no engine state at start nor queue position: core.disclosure)."""
         return round_props(round_id=self.round_id, columns=self.columns, blind=self.settings.blind,
                            run_order=self.run_order, reveal=self.settings.reveal, lang=lang,
                            revealed=self.vote is not None if revealed is None else revealed,
-                           vote=self.vote, final=self.final, pace=self.pace)
+                           vote=self.vote, final=self.final, pace=self.pace, engine_state=engine_state)
 
 
 class RoundDisplay(Protocol):
@@ -61,6 +67,10 @@ class RoundDisplay(Protocol):
 
     async def not_possible(self, reason: str) -> None:
         """The chosen backends cannot make a round: say why; the message waits for Retry."""
+
+    async def waits(self, wait: Wait) -> None:
+        """A blind round of the person with these backends waits for its vote: say so, offer to vote
+        first or to send anyway (`give_up_rounds`); the message waits."""
 
     async def show(self, round_: Round) -> Callable[[], Awaitable[None]]:
         """Show the round (its props now); return how to draw it again (called once per tick)."""
@@ -88,21 +98,26 @@ async def play(state: AppState, session: LabSession, user_text: str, display: Ro
         await display.not_possible(str(error))
         return None
     names = round_settings.backends
+    rule = await state.rule(session.person)  # the person's, on every replica (it is session.disclosure)
+    if (wait := rule.reply_wait(names)) is not None:
+        session.pending = user_text
+        await display.waits(wait)
+        return None
     for name in names:
         session.threads.setdefault(name, list(session.history))
     round_id = str(uuid.uuid4())
     statuses = dict(zip(names, await asyncio.gather(*(state.status(name) for name in names))))
-    if round_settings.blind:  # before anything about the round leaves: see core.disclosure
-        session.disclosure.hide(round_id, set().union(*(backend_words(state, name, statuses[name]) for name in names)))
+    if round_settings.blind:  # before anything about the round leaves, in every tab: see core.disclosure
+        rule.hide(round_id, set().union(*(state.backend_words(name, statuses[name]) for name in names)), names)
     columns = [Column(label=label, backend=name, backend_label=shown_label(state, name, statuses[name]))
                for label, name in assign_labels(names, round_settings.blind)]
 
     async def plan(column: Column) -> ReplyPlan | Refusal:
         """A column's reply, prepared when it runs (sequential: just before; concurrent: all first)."""
         prepared = await plan_reply(state, settings.for_backend(column.backend), session.threads[column.backend],
-                                    user_text)
+                                    user_text, rule)
         if round_settings.blind and isinstance(prepared, ReplyPlan):
-            session.disclosure.hide(round_id, {prepared.model, prepared.request.model, prepared.label})
+            rule.hide(round_id, {prepared.model, prepared.request.model, prepared.label})
         return prepared
 
     round_ = Round(round_id, columns, round_settings,
@@ -112,22 +127,35 @@ async def play(state: AppState, session: LabSession, user_text: str, display: Ro
         id=round_id, thread_id=thread_id, user_identifier=user, created_at=utc_now(), prompt=user_text,
         mode="blind" if round_settings.blind else "compare", run_order=round_.run_order,
         columns=tuple(RoundColumn(label=c.label, backend=c.backend) for c in columns),
-        reveal=round_settings.reveal if round_settings.blind else None)
+        reveal=round_settings.reveal if round_settings.blind else None, person=session.person or None)
     # Stored while the round streams, not before its requests leave (a hung database held the round
-    # for its timeouts); its replies are stored after it, in order.
+    # for its timeouts); its replies are stored after it, in order. Other replicas learn of a blind
+    # round when it is written (core.disclosure); this process's views know it already.
     saving = asyncio.create_task(_stored(store, lambda s: s.save_round(stored_round)))
+    sequence = random_run_sequence(len(columns)) if round_.run_order == "sequential" else None
     try:
         redraw = await display.show(round_)
-        await RoundRun(columns, round_.run_order, redraw, plan=plan).run()
+        run = RoundRun(columns, round_.run_order, redraw, plan=plan, sequence=sequence)
+        await run.run()
         round_.final = True
         await redraw()
     finally:
         not_saved = [await asyncio.shield(saving)]
+    if store is not None and not_saved[0] is None:
+        rule.stored(round_id)
     _remember(session, round_)
+    if round_settings.blind and round_settings.reveal != "live" and run.stopped and any(c.text for c in columns):
+        # Stop showed every column's partial text at once: their lengths say which column was faster,
+        # so this vote saw speed, whatever the reveal (core.ratings counts it so).
+        round_.speed_seen = True
+        not_saved.append(await _stored(store, lambda s: s.set_speed_seen(round_id)))
+        await display.notice(Notice("round_speed_seen"))
     not_saved += await _store_replies(state, store, round_, user_text, thread_id, user)
     # What the round shows once voted on, kept in the database (never sent before the vote), so that
     # a vote cast after the chat was reopened or the app restarted can still reveal it.
-    not_saved.append(await _stored(store, lambda s: s.set_revealed_view(round_id, round_.props(lang, revealed=True))))
+    # Shown only after the vote: with the engines' state at each column's start, whatever the rule now.
+    revealed_view = round_.props(lang, revealed=True, engine_state=True)
+    not_saved.append(await _stored(store, lambda s: s.set_revealed_view(round_id, revealed_view)))
     shown = [notice for notice in not_saved if notice is not None]
     if shown:
         await display.notice(shown[-1])  # one line: the latest says how many rows wait
@@ -151,14 +179,6 @@ def _remember(session: LabSession, round_: Round) -> None:
 def shown_label(state: AppState, name: str, status: BackendStatus) -> str:
     """A backend's name where its numbers are shown (a stand-in says so)."""
     return display_label(state.registry.get(name).label, status.info.stand_in if status.info else None)
-
-
-def backend_words(state: AppState, name: str, status: BackendStatus) -> set[str]:
-    """What would name this backend in a browser (core.disclosure.identifying_words)."""
-    backend = state.registry.get(name)
-    return identifying_words(name=backend.name, label=backend.label, url=backend.url,
-                             model=status.info.model_id if status.info else "",
-                             display_label=shown_label(state, name, status))
 
 
 async def _stored(store: Store | None, write: Callable[[Store], Awaitable[None]]) -> Notice | None:
@@ -193,35 +213,24 @@ async def _store_replies(state: AppState, store: Store | None, round_: Round, us
     return [notice for notice in notices if notice is not None]
 
 
-# ---------------------------------------------------------------- the disclosure rule of a reopened chat
+# ---------------------------------------------------------------- the rule, given up
 
 
-async def restore_hidden_rounds(state: AppState, session: LabSession, thread_id: str | None) -> None:
-    """Hide the backends of this chat's blind rounds that wait for a vote, read from the database.
-    When they cannot be read (the database is unavailable, or rows of the chat still wait in the
-    outbox) the rule is unsure and everything it guards waits; commands call this again."""
-    disclosure = session.disclosure
+async def give_up_rounds(state: AppState, session: LabSession, backends: Sequence[str] | None) -> Notice | None:
+    """The person insists on a reply from `backends` (None: on a view of every backend) while blind
+    rounds of theirs with those backends wait for a vote: those rounds are held no more, on every
+    replica, and a vote on them is kept but not rated (store.records.UNRATED_SHOWN_BEFORE_VOTE).
+    Returns what to tell the person (None: nothing was waiting)."""
+    rule = await state.rule(session.person)
+    if rule.unsure:
+        return Notice("blind_give_up_unsure")
+    ids = rule.give_up(backends)
+    if not ids:
+        return None
     store = await state.storage()
-    if store is None or not thread_id:
-        return
-    try:
-        if store.outbox is not None and store.outbox.waiting:
-            raise StoreError(f"{store.outbox.waiting} row(s) still wait to be written")
-        waiting = await store.unvoted_blind_rounds(thread_id)
-        replies = await store.replies_for_thread(thread_id) if waiting else []
-    except StoreError:
-        disclosure.unsure = True
-        return
-    for stored in waiting:
-        words: set[str] = set()
-        for column in stored.columns:
-            if column.backend in state.registry.names:
-                words |= backend_words(state, column.backend, await state.status(column.backend))
-            words.add(column.backend)
-        words |= {word for reply in replies if reply.round_id == stored.id
-                  for word in (reply.model, reply.backend_label, reply.backend)}
-        disclosure.hide(stored.id, words)
-    disclosure.unsure = False
+    problem = await _stored(store, lambda s: s.give_up_blind_rounds(session.person, ids, UNRATED_SHOWN_BEFORE_VOTE))
+    given_up = Notice("blind_given_up", {"rounds": len(ids)})
+    return given_up if problem is None or problem.key == "saved_later" else problem
 
 
 # ---------------------------------------------------------------- votes
@@ -303,6 +312,7 @@ async def cast_vote(state: AppState, session: LabSession, payload: Any, *, threa
         await store.cast_vote(ballot, votes_per_day=state.auth.vote_cap)
     except StoreError as error:
         return refused(str(error))
+    shown_before = blind and not named and await _given_up(store, ballot.round_id)
     vote = {"outcome": ballot.outcome, "winner": ballot.winner_label, "judgements": ballot.judgements}
     session.disclosure.reveal(ballot.round_id)
     if live is not None:
@@ -310,7 +320,16 @@ async def cast_vote(state: AppState, session: LabSession, payload: Any, *, threa
         props = live.props(lang)
     else:
         props = {**revealed_view, "revealed": True, "final": True, "vote": vote}
-    return VoteResult(True, _recorded(props, named, lang), props, in_memory=live is not None)
+    return VoteResult(True, _recorded(props, named, lang, shown_before=shown_before), props, in_memory=live is not None)
+
+
+async def _given_up(store: Store, round_id: str) -> bool:
+    """Whether the round was given up as blind before its vote (the store then kept the vote unrated)."""
+    try:
+        stored = await store.get_round(round_id)
+    except StoreError:
+        return False  # the vote is kept as the store decided; only this message cannot say it
+    return stored is not None and stored.not_blind_reason == UNRATED_SHOWN_BEFORE_VOTE
 
 
 def _set_apart_if_named(state: AppState, ballot: Vote, names: list[str],
@@ -324,12 +343,14 @@ def _set_apart_if_named(state: AppState, ballot: Vote, names: list[str],
     return replace(ballot, unrated_reason=UNRATED_COMMENT_NAMES_BACKEND), named
 
 
-def _recorded(props: Mapping[str, Any], named: tuple[str, ...], lang: str) -> str:
+def _recorded(props: Mapping[str, Any], named: tuple[str, ...], lang: str, *, shown_before: bool = False) -> str:
     """Name every column of the revealed round, and say so when the vote is kept but not rated
-    because its comment named a backend."""
+    because its comment named a backend, or its person chose to see what could name them first."""
     names = ", ".join(f"**{c['label']}** = {c.get('backend') or '?'}" + (f" (`{c['model']}`)" if c.get("model") else "")
                       for c in props.get("columns") or [])
     message = Notice("vote_recorded", {"names": names}).render(lang)
     if named:
         message += " " + Notice("vote_not_rated", {"names": ", ".join(named)}).render(lang)
+    elif shown_before:
+        message += " " + Notice("vote_not_rated_shown").render(lang)
     return message

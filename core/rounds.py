@@ -10,7 +10,9 @@ every column is prepared, then all requests leave together) or one after
 another ("sequential", so backends sharing a CPU or GPU do not slow each other
 down; each column is prepared just before it runs, so its connection is fresh
 and its engine state is read when it starts, not before the earlier columns
-ran) - and hands the whole round to one `render` callback at most once per
+ran; the columns run in a random order, `random_run_sequence`, never A-B-C: an
+engine seen busy first, or the column that moves first, says nothing of the
+labels) - and hands the whole round to one `render` callback at most once per
 tick, so several fast columns cost one element update per tick. A column that
 fails, times out or is slow never holds up or breaks the others; Stop ends
 every column's request and each keeps its partial text.
@@ -96,6 +98,14 @@ def run_order_for(settings: RoundSettings, backends: Sequence[Backend]) -> str:
     return "sequential" if sum(runs_on_this_machine(b) for b in backends) >= 2 else "concurrent"
 
 
+def random_run_sequence(columns: int, rng: random.Random | None = None) -> tuple[int, ...]:
+    """The order a sequential round runs its columns in (indexes): drawn anew for each round, apart
+    from the labels' own shuffle, so that which engine works first tells nothing about the labels."""
+    order = list(range(columns))
+    (rng or random.SystemRandom()).shuffle(order)
+    return tuple(order)
+
+
 def assign_labels(names: Sequence[str], blind: bool, rng: random.Random | None = None) -> tuple[tuple[str, str], ...]:
     """(label, backend name) per column: in the chosen order, or shuffled for a blind round."""
     order = list(names)
@@ -160,10 +170,15 @@ class RoundRun:
     """Prepares and streams a round's columns and renders the whole round at most once per tick."""
 
     def __init__(self, columns: Sequence[Column], order: str,
-                 render: Callable[[], Awaitable[None]], plan: Planner | None = None, tick_s: float = TICK_S) -> None:
+                 render: Callable[[], Awaitable[None]], plan: Planner | None = None, tick_s: float = TICK_S,
+                 sequence: Sequence[int] | None = None) -> None:
         """`plan` prepares a column that has neither a plan nor a refusal yet (None: every column
-        comes prepared)."""
+        comes prepared). `sequence`: the order a sequential round runs its columns in, as indexes
+        (`random_run_sequence`; None: as given)."""
         self.columns = list(columns)
+        self.sequence = tuple(range(len(self.columns))) if sequence is None else tuple(sequence)
+        if sorted(self.sequence) != list(range(len(self.columns))):
+            raise ValueError(f"run sequence {self.sequence} is not an order of {len(self.columns)} columns")
         self.order = order
         self.render = render
         self.plan = plan
@@ -193,7 +208,7 @@ class RoundRun:
     async def _stream_all(self) -> None:
         try:
             if self.order == "sequential":
-                for column in self.columns:
+                for column in (self.columns[index] for index in self.sequence):
                     await self._prepare(column)  # just before it runs
                     await self._stream(column)
             else:
@@ -324,6 +339,7 @@ def round_props(
     vote: Mapping[str, object] | None = None,
     final: bool = False,
     pace: RevealPace | None = None,
+    engine_state: bool = True,
 ) -> dict:
     """Props for the compare grid (public/elements/Metrics.jsx with kind "compare").
 
@@ -332,7 +348,10 @@ def round_props(
     timings. Every column's state is "generating" until all have finished,
     so that which one finished first does not give an engine away. `pace`
     keeps the common count of reveal "pace" from one update of the round to
-    the next (without it, each call starts from nothing).
+    the next (without it, each call starts from nothing). Without
+    `engine_state` (a blind round of the person waits elsewhere:
+    core.disclosure) named columns show no engine state at start and no
+    queue position.
     """
     anonymous = blind and not revealed
     texts = _revealed_text(columns, reveal, pace) if anonymous else [column.text for column in columns]
@@ -349,7 +368,7 @@ def round_props(
             # Without figures: a token count could tell the engines apart before the vote.
             entry["notes"] = [text("empty_reply_blind", lang)] if all_finished and column.empty_notice() else []
         else:
-            entry.update(_named_column(column, lang))
+            entry.update(_named_column(column, lang, engine_state=engine_state))
         props_columns.append(entry)
     return {
         "kind": "compare",
@@ -365,7 +384,7 @@ def round_props(
     }
 
 
-def _named_column(column: Column, lang: str) -> dict[str, object]:
+def _named_column(column: Column, lang: str, *, engine_state: bool = True) -> dict[str, object]:
     entry: dict[str, object] = {
         "backend": column.backend_label,
         "model": column.model,
@@ -375,9 +394,9 @@ def _named_column(column: Column, lang: str) -> dict[str, object]:
     }
     request = column.plan.request if column.plan else None
     if column.record is not None and column.finished:
-        entry["figures"] = final_props(column.record, lang=lang, request=request,
-                                       engine_at_start=column.plan.engine_summary() if column.plan else None)
+        summary = column.plan.engine_summary(shown=engine_state) if column.plan else None
+        entry["figures"] = final_props(column.record, lang=lang, request=request, engine_at_start=summary)
     elif column.timed is not None:
         entry["figures"] = live_props(column.timed.live(), backend=column.backend_label, model=column.model,
-                                      lang=lang)
+                                      lang=lang, queue_shown=engine_state)
     return entry

@@ -6,7 +6,8 @@ thread (the history sidebar, a resumed chat). So the app keeps nothing of its
 own in Chainlit's session as JSON: one `LabSession` object, which Chainlit
 cannot serialise and stores as null. Backend names of a blind round, each
 backend's thread of the conversation and the person's pending text stay on
-the server. A resumed chat rebuilds it from the database.
+the server. A resumed chat rebuilds it from the database. What may be disclosed belongs to the
+person, not the session: `disclosure` is the person's rule, shared with their other sessions.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class LabSession:
     rounds: dict[str, Any] = field(default_factory=dict)  # round id -> core.round_flow.Round (the newest)
     round_elements: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # round id -> its element, message
     engine_panel: Any = None  # the open engine panel (ui.engines_view)
+    # Whose blind rule this session follows (core.disclosure.person_key) and that rule: the one
+    # object every session of the person in this process shares (AppState.disclosures).
+    person: str = ""
     disclosure: Disclosure = field(default_factory=Disclosure)
 
     @property

@@ -15,7 +15,7 @@ import asyncio
 import os
 from collections import defaultdict
 from contextlib import asynccontextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
@@ -29,13 +29,14 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn
 
 from store import schema
+from store.changes import ChangeFeed
 from store.locks import HeldLock, LockKey, lock_holders, try_lock
 from store.errors import (ConfigurationError, DatabaseUnavailable, RoundNotFound, RowRefused, SavedLater,
                           SchemaTooNew, StoreError, VoteLimitReached, VoteRejected)
 from store.faults import Fault, classify, clean, first_line, transient_reason
 from store.outbox import Outbox, Refused, Unavailable, outbox_for
-from store.records import (ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply, StoredSweep, Vote, VoteRecord,
-                           check_vote, utc_now)
+from store.records import (UNRATED_REASONS, ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply,
+                           StoredSweep, Vote, VoteRecord, check_vote, utc_now)
 from store.urls import database_url, mask_password, normalise_url
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -56,6 +57,10 @@ _REASON_CHARS = 160
 # With the voter's hash as the second key: one person's votes are cast one at a time (the daily cap).
 _POSTGRES_VOTER_LOCK = 7_312_000
 VOTE_CAP_WINDOW = timedelta(hours=24)
+# PostgreSQL's NOTIFY channel for changes of a person's blind rounds (a blind round kept, voted on or
+# given up), with the person's key as payload: every replica listening drops its cached answer for
+# that person (core/disclosure.py, store/changes.py). Sent in the transaction of the change itself.
+BLIND_CHANNEL = "serving_lab_blind"
 
 
 # ---------------------------------------------------------------- engines
@@ -207,14 +212,25 @@ def update_rows(table: str, where: dict[str, Any], values: dict[str, Any]) -> di
     return {"table": table, "where": where, "update": _cleaned(values)}
 
 
+def notify_blind(person: str) -> dict:
+    """A NOTIFY on BLIND_CHANNEL as data (nothing on SQLite, where the app is one process)."""
+    return {"notify": BLIND_CHANNEL, "payload": person}
+
+
 def _cleaned(values: dict[str, Any]) -> dict[str, Any]:
     return {column: clean(value) if isinstance(value, (str, dict, list)) else value for column, value in values.items()}
 
 
 async def run_statements(connection: AsyncConnection, statements: Iterable[dict]) -> list[int]:
-    """Execute table statements (`insert_row`, `update_rows`) in order; the rows each touched."""
+    """Execute table statements (`insert_row`, `update_rows`, `notify_blind`) in order; the rows each touched."""
     counts = []
     for statement in statements:
+        if "notify" in statement:
+            if connection.dialect.name == "postgresql":
+                await connection.execute(text("SELECT pg_notify(:channel, :payload)"),
+                                         {"channel": statement["notify"], "payload": statement["payload"]})
+            counts.append(0)
+            continue
         table = schema.metadata.tables[statement["table"]]
         if "insert" in statement:
             result = await connection.execute(insert(table).values(**statement["insert"]))
@@ -259,6 +275,7 @@ class Store:
         self._engine = engine
         self.url = url
         self.outbox = outbox
+        self._feeds: list[ChangeFeed] = []
 
     @classmethod
     async def open(cls, url: str | None = None, *, create: bool = True, flush_outbox: bool = True) -> "Store":
@@ -307,6 +324,8 @@ class Store:
     async def aclose(self) -> None:
         """Close every connection; the Store cannot be used afterwards (rows waiting in the outbox
         stay there, for the next Store on this database)."""
+        for feed in self._feeds:
+            await feed.stop()
         if self.outbox is not None:
             await self.outbox.stop(self._engine)
         await self._engine.dispose()
@@ -370,6 +389,16 @@ class Store:
         """Take `key` for this process on a connection of its own, named `name` (see store.locks);
         None when another process holds it."""
         return await try_lock(self.url, key, name)
+
+    def listen(self, channel: str, *, on_change: Callable[[str], None], on_lost: Callable[[], None]) -> ChangeFeed | None:
+        """Hear every NOTIFY on `channel` from any process (store.changes; PostgreSQL): started now, on
+        the running loop, stopped with the store. None on SQLite, where the app is one process."""
+        if not self.shared_locks:
+            return None
+        feed = ChangeFeed(self.url, channel, on_change=on_change, on_lost=on_lost)
+        self._feeds.append(feed)
+        feed.start()
+        return feed
 
     async def lock_holders(self, keys: list[LockKey]) -> dict[LockKey, str]:
         """Who holds each of `keys` now, by the name it took it with."""
@@ -467,9 +496,10 @@ class Store:
         Raises `SavedLater` when the database is unavailable: the rows wait in the outbox."""
         round_row = asdict(round_)
         del round_row["columns"]
+        held = [notify_blind(round_.person)] if round_.mode == "blind" and round_.person else []
         await self._write([insert_row("compare_rounds", round_row)] + [
             insert_row("round_columns", {"round_id": round_.id, "position": position, **asdict(column)})
-            for position, column in enumerate(round_.columns)])
+            for position, column in enumerate(round_.columns)] + held)
 
     async def set_round_reply(self, round_id: str, label: str, reply_id: str) -> None:
         """Attach a saved reply to its column; raise `RoundNotFound` for an unknown round or label
@@ -516,24 +546,53 @@ class Store:
             columns = await _columns_by_round(connection, [row.id for row in round_rows])
         return [CompareRound(**row._mapping, columns=columns[row.id]) for row in round_rows]
 
-    async def unvoted_blind_rounds(self, thread_id: str) -> list[CompareRound]:
-        """The blind rounds of one chat that have no vote yet (their backends stay hidden), oldest first."""
-        voted = select(schema.votes.c.round_id)
+    async def set_speed_seen(self, round_id: str) -> None:
+        """The blind round was stopped with its partial texts shown: its vote saw speed (`SavedLater`:
+        the change waits in the outbox, behind the round)."""
+        await self._write([update_rows("compare_rounds", {"id": round_id}, {"speed_seen": True})])
+
+    async def waiting_blind_rounds(self, person: str) -> list[CompareRound]:
+        """One person's blind rounds without a vote that are still blind (not given up), oldest first:
+        what their rule holds (core/disclosure.py). One indexed query."""
+        rounds = schema.compare_rounds
         query = (select(*_ROUND_FIELDS)
-                 .where(schema.compare_rounds.c.thread_id == thread_id, schema.compare_rounds.c.mode == "blind",
-                        schema.compare_rounds.c.id.not_in(voted))
-                 .order_by(schema.compare_rounds.c.created_at, schema.compare_rounds.c.id))
+                 .where(rounds.c.person == person, rounds.c.mode == "blind", rounds.c.not_blind_reason.is_(None),
+                        ~_has_any_vote(rounds.c.id))
+                 .order_by(rounds.c.created_at, rounds.c.id))
         async with self._transaction() as connection:
             rows = (await connection.execute(query)).all()
             columns = await _columns_by_round(connection, [row.id for row in rows])
         return [CompareRound(**row._mapping, columns=columns[row.id]) for row in rows]
+
+    async def open_blind_rounds(self, since: datetime) -> int:
+        """How many blind rounds of anyone, started after `since`, still wait for their vote (the
+        deployment's rule for live engine load, core/disclosure.py)."""
+        rounds = schema.compare_rounds
+        query = (select(func.count()).select_from(rounds)
+                 .where(rounds.c.mode == "blind", rounds.c.created_at > since, rounds.c.not_blind_reason.is_(None),
+                        ~_has_any_vote(rounds.c.id)))
+        async with self._transaction() as connection:
+            return int(await connection.scalar(query) or 0)
+
+    async def give_up_blind_rounds(self, person: str, round_ids: Iterable[str], reason: str) -> None:
+        """`person` chose to see what could name these rounds' columns before voting: they are held no
+        more, and a vote on them is kept but not rated (`reason`, one of UNRATED_REASONS). Only that
+        person's rounds change. `SavedLater`: the change waits in the outbox, behind the rounds."""
+        if reason not in UNRATED_REASONS:
+            raise ValueError(f"reason {reason!r} is not one of {', '.join(UNRATED_REASONS)}")
+        changes = [update_rows("compare_rounds", {"id": round_id, "person": person}, {"not_blind_reason": reason})
+                   for round_id in sorted(set(round_ids))]
+        if changes:
+            await self._write(changes + [notify_blind(person)])
 
     # --- votes -----------------------------------------------------------
 
     async def cast_vote(self, vote: Vote, *, votes_per_day: int | None = None) -> None:
         """Store a vote; raise `VoteRejected` for an unknown round, a second vote by the same person
         (with login off: a second vote on the round), or forged content, and `VoteLimitReached`
-        when a logged-in person already cast `votes_per_day` votes in the last 24 hours.
+        when a logged-in person already cast `votes_per_day` votes in the last 24 hours. A vote on a
+        round its person gave up as blind before voting (`give_up_blind_rounds`) is kept but not
+        rated, with that reason (decided here, in the vote's transaction).
 
         A vote is checked against its round and the votes already cast, so it is never kept for
         later: with the database unavailable (or rows still waiting to be written, the round among
@@ -551,7 +610,11 @@ class Store:
                     raise _already_voted(vote)
                 if votes_per_day is not None and vote.user_identifier is not None:
                     await _check_daily_cap(connection, vote, votes_per_day)
+                if round_.not_blind_reason is not None and vote.unrated_reason is None:
+                    vote = replace(vote, unrated_reason=round_.not_blind_reason)
                 await connection.execute(insert(schema.votes).values(**_cleaned(asdict(vote))))
+                if round_.mode == "blind" and round_.person:
+                    await run_statements(connection, [notify_blind(round_.person)])
         except IntegrityError:
             # Another cast passed the check above at the same moment; the unique index chose it.
             async with self._transaction() as connection:
@@ -563,7 +626,7 @@ class Store:
         """Every vote, oldest first, with its round's columns (label -> backend, in order), prompt
         and reveal; with `with_replies`, also each column's reply (text, figures, settings)."""
         rounds = schema.compare_rounds
-        query = (select(schema.votes, rounds.c.mode, rounds.c.prompt, rounds.c.reveal)
+        query = (select(schema.votes, rounds.c.mode, rounds.c.prompt, rounds.c.reveal, rounds.c.speed_seen)
                  .join(rounds, rounds.c.id == schema.votes.c.round_id)
                  .order_by(schema.votes.c.created_at, schema.votes.c.id))
         async with self._transaction() as connection:
@@ -575,7 +638,7 @@ class Store:
                     column.reply_id for row in rows for column in columns[row.round_id] if column.reply_id])
         return [
             VoteRecord(vote=_vote_from_row(row._mapping), mode=row.mode, columns=columns[row.round_id],
-                       prompt=row.prompt, reveal=row.reveal,
+                       prompt=row.prompt, reveal=row.reveal, speed_seen=bool(row.speed_seen),
                        replies=tuple(replies.get(column.reply_id) for column in columns[row.round_id])
                        if with_replies else ())
             for row in rows
@@ -584,6 +647,11 @@ class Store:
 
 # The columns a CompareRound is made of (the revealed view is read on its own).
 _ROUND_FIELDS = tuple(column for column in schema.compare_rounds.c if column.name != "revealed_view")
+
+
+def _has_any_vote(round_id_column):
+    """EXISTS (a vote on the round in `round_id_column`)."""
+    return select(schema.votes.c.id).where(schema.votes.c.round_id == round_id_column).exists()
 
 
 def _already_voted(vote: Vote) -> VoteRejected:

@@ -21,7 +21,10 @@ from store.errors import VoteRejected
 # Why a vote is kept but not rated. A comment that names a backend shows the voter knew (or
 # guessed) who answered, so the vote is not blind any more (Chatbot Arena drops such votes too).
 UNRATED_COMMENT_NAMES_BACKEND = "comment_names_backend"
-UNRATED_REASONS = (UNRATED_COMMENT_NAMES_BACKEND,)
+# Its voter chose, before voting, to see something that could tell which column is which backend (a
+# reply from one of its backends, the engine panel, /status...: core/disclosure.py): not blind any more.
+UNRATED_SHOWN_BEFORE_VOTE = "shown_before_vote"
+UNRATED_REASONS = (UNRATED_COMMENT_NAMES_BACKEND, UNRATED_SHOWN_BEFORE_VOTE)
 
 
 def utc_now() -> datetime:
@@ -94,12 +97,20 @@ class CompareRound:
     # A blind round's reveal (finished | pace): whether its text showed at some engine's pace
     # before the vote. None for a compare round (names and figures were shown) and older rounds.
     reveal: str | None = None
+    # Whose blind rule holds it until the vote (core/disclosure.py person keys); None for older rounds.
+    person: str | None = None
+    # Stopped before every column ended, its partial texts shown at once: its vote saw speed.
+    speed_seen: bool | None = None
+    # Its person chose to see what could name its columns before voting (one of UNRATED_REASONS).
+    not_blind_reason: str | None = None
 
     def __post_init__(self) -> None:
         _require_choice("CompareRound", "mode", self.mode, ROUND_MODES)
         _require_choice("CompareRound", "run_order", self.run_order, RUN_ORDERS)
         if self.reveal is not None:
             _require_choice("CompareRound", "reveal", self.reveal, REVEALS)
+        if self.not_blind_reason is not None:
+            _require_choice("CompareRound", "not_blind_reason", self.not_blind_reason, UNRATED_REASONS)
         _require_aware("CompareRound", self.created_at)
         object.__setattr__(self, "columns", tuple(self.columns))
         labels = self.labels
@@ -163,8 +174,8 @@ class ColumnReply:
 class VoteRecord:
     """A stored vote with its round's columns, in column order: what a leaderboard needs.
 
-    `prompt` and `reveal` are the round's; `replies` holds each column's reply (None where the
-    column has none) when they were asked for (`Store.votes(with_replies=True)`), else is empty.
+    `prompt`, `reveal` and `speed_seen` are the round's; `replies` holds each column's reply (None
+    where the column has none) when they were asked for (`Store.votes(with_replies=True)`), else is empty.
     """
 
     vote: Vote
@@ -173,6 +184,7 @@ class VoteRecord:
     prompt: str = ""
     reveal: str | None = None
     replies: tuple[ColumnReply | None, ...] = ()
+    speed_seen: bool = False  # stopped with its partial texts shown: the voter saw speed whatever the reveal
 
     @property
     def rated(self) -> bool:

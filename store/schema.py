@@ -44,8 +44,9 @@ from sqlalchemy.types import TypeDecorator
 
 # 2: compare_rounds.revealed_view. 3: compare_rounds.reveal, votes.unrated_reason, one vote per
 # person per round (the unique constraint on round_id becomes two unique indexes). 4: capacity_sweeps.
-# 5: login_attempts.
-SCHEMA_VERSION = 5
+# 5: login_attempts. 6: compare_rounds.person, speed_seen and not_blind_reason (the blind rule per person,
+# core/disclosure.py), filled in for older rounds with a logged-in owner; indexes for the rule's queries.
+SCHEMA_VERSION = 6
 
 JsonDocument = JSON().with_variant(JSONB(), "postgresql")
 TextList = JSON().with_variant(ARRAY(Text()), "postgresql")
@@ -197,6 +198,16 @@ compare_rounds = Table(
     # the chat was reopened. Kept here, never in Chainlit's elements table: the browser receives
     # those rows when the chat is reopened, and a blind round's names must wait for the vote.
     Column("revealed_view", JsonDocument),
+    # Whose blind rule the round belongs to (core/disclosure.py): "user:<identifier>" with login,
+    # "browser:<digest of the browser's id cookie>" without, "session:<id>" for a client without it.
+    Column("person", Text, index=True),
+    # A blind round stopped before every column ended: its partial texts were shown at once, and
+    # their lengths tell which column was faster, so its vote saw speed (core.ratings). NULL: did not.
+    Column("speed_seen", Boolean),
+    # Its person chose to see something that could name its columns before voting (UNRATED_REASONS):
+    # it is held no more, and a vote on it is kept but not rated. NULL: still blind.
+    Column("not_blind_reason", Text),
+    Index("ix_compare_rounds_mode_created_at", "mode", "created_at"),
 )
 
 round_columns = Table(
@@ -294,6 +305,16 @@ def _one_vote_per_voter(connection: Connection) -> None:
     connection.exec_driver_sql("DROP TABLE votes_before_v3")
 
 
+def _rounds_per_person(connection: Connection) -> None:
+    """Version 6: a round kept with a logged-in owner belongs to that person's blind rule (a round
+    from before, without login, stays with its chat: without login there was no per-browser id yet).
+    The indexes of the new columns and of the rule's queries, on a table that already existed."""
+    connection.exec_driver_sql("UPDATE compare_rounds SET person = 'user:' || user_identifier "
+                               "WHERE person IS NULL AND user_identifier IS NOT NULL")
+    for index in compare_rounds.indexes:
+        index.create(connection, checkfirst=True)
+
+
 # Steps that bring an existing database from version N-1 to N, beyond adding
 # tables and columns. Each takes the open (synchronous) connection.
-MIGRATION_STEPS: dict[int, Callable[[Connection], None]] = {3: _one_vote_per_voter}
+MIGRATION_STEPS: dict[int, Callable[[Connection], None]] = {3: _one_vote_per_voter, 6: _rounds_per_person}

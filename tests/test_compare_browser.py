@@ -454,6 +454,9 @@ def test_blind_pace_shows_every_column_at_one_pace_in_tokens_and_no_names(
     prompts = (("Describe a cat in three sentences.", "sequential"), ("Describe a dog in three sentences.", "concurrent"))
     for prompt, run_order in prompts:
         if run_order == "concurrent":
+            # A round on the same backends waits for the last one's vote (core.disclosure).
+            page.locator('[data-testid="vote-tie"]').last.click()
+            expect(page.locator('[data-testid="vote-summary"]').last).to_contain_text("Tie")
             change_settings(page, run_order="Concurrent (all at once)")
         received_before = len(drain_frames(page, frames))
         before = rounds_on_page(page)
@@ -481,8 +484,9 @@ def test_blind_pace_shows_every_column_at_one_pace_in_tokens_and_no_names(
                 assert max(partial.values()) - min(partial.values()) <= RETOKENIZE_SLACK, (run_order, partial, shown)
                 assert all(count <= max(partial.values()) + RETOKENIZE_SLACK for count in complete.values())
         if run_order == "sequential":
-            # The text moves before the last column (C) runs: A and B at the pace of B while C waits.
-            assert any(shown["A"] and shown["B"] and not shown["C"] for shown in streaming), streaming[-3:]
+            # The text moves before the last column runs (the columns run in a random order, not A-B-C):
+            # two columns at the pace of the second while the third waits.
+            assert any(sum(bool(text) for text in shown.values()) == 2 for shown in streaming), streaming[-3:]
         final = updates[-1]
         assert {c["label"]: c["text"] for c in final["columns"]} == whole
 

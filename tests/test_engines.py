@@ -14,6 +14,7 @@ from ui import engines_view
 from core.auth import AuthConfig
 from core.engines import EngineReading, Simulation, SimulationPoint, panel_props
 from core.app_state import load_refusal
+from core.disclosure import Disclosure
 from core.notices import Notice
 from core.settings import SessionSettings
 from tests.fakes import FakeBackend, FakeReply, fake_state
@@ -68,21 +69,21 @@ async def test_a_simulations_result_names_a_stand_in_as_one():
 async def test_who_may_start_load_and_when():
     state = fake_state(FakeBackend("a"))
     state.auth = AuthConfig(users={"teacher": "x", "student": "x"}, teachers=frozenset({"teacher"}))
-    assert await load_refusal(state, "chat", "student") == Notice("simulate_teachers_only")
-    assert await load_refusal(state, "blind", "teacher") == Notice("panel_blind")
-    assert await load_refusal(state, "compare", "teacher") is None
+    assert await load_refusal(state, "chat", "student", rule=Disclosure()) == Notice("simulate_teachers_only")
+    assert await load_refusal(state, "blind", "teacher", rule=Disclosure()) == Notice("panel_blind")
+    assert await load_refusal(state, "compare", "teacher", rule=Disclosure()) is None
     busy = Notice("simulate_busy", {"users": 4, "backend": "a"})
     release = asyncio.Event()
     assert await state.start_load(busy, release.wait()) is None
     run = state.load_task
-    assert await load_refusal(state, "chat", "teacher") == busy
+    assert await load_refusal(state, "chat", "teacher", rule=Disclosure()) == busy
     other = asyncio.create_task(asyncio.sleep(0))
     await state.end_load(other)  # another task's end releases nothing
     assert await state.running_load() == busy
     release.set()
     await run
     await state.end_load(run)
-    assert await state.running_load() is None and await load_refusal(state, "chat", "teacher") is None
+    assert await state.running_load() is None and await load_refusal(state, "chat", "teacher", rule=Disclosure()) is None
 
 
 @pytest.fixture
@@ -98,6 +99,12 @@ def view(monkeypatch):
     monkeypatch.setattr(engines_view, "session_settings", lambda: world.settings)
     monkeypatch.setattr(engines_view, "current_user", lambda: world.user)
     monkeypatch.setattr(engines_view, "lang", lambda: "en")
+    world.rule = Disclosure()
+
+    async def current_rule():
+        return world.rule
+
+    monkeypatch.setattr(engines_view, "current_rule", current_rule)
     monkeypatch.setattr(engines_view, "say", say)
     monkeypatch.setattr(engines_view, "_panel", lambda: None)
     monkeypatch.setattr(engines_view, "open_panel", _nothing)

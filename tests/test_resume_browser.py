@@ -73,7 +73,8 @@ def test_a_reopened_chat_shows_its_figures_and_rounds_votes_and_goes_on(
     page = chromium.new_context(locale="en-US", viewport={"width": 1400, "height": 1000}).new_page()
     try:
         log_in(page, restarted, "alice", PASSWORD)
-        wait_ready(page)
+        # Alice's blind round waits for its vote: her new chat says the backends' status waits too.
+        expect(page.locator(".step", has_text="waits until you have voted").first).to_be_visible(timeout=180_000)
         if not page.locator("#thread-history").is_visible():
             page.locator("#sidebar-trigger-button").click()
         page.locator("#thread-history a", has_text="first question").first.click()
@@ -105,6 +106,9 @@ def test_a_reopened_chat_shows_its_figures_and_rounds_votes_and_goes_on(
             # first question + the chat's reply, then the round: its prompt + this backend's own reply
             assert last_request(server, "second round")["messages_count"] == 5
         watch_round(page, 1)
+        # (voted on first: a chat reply from one of its backends waits for its vote)
+        page.locator('[data-testid="vote-tie"]').last.click()
+        expect(page.locator('[data-testid="vote-summary"]').last).to_contain_text("Tie")
         # ... and the single-backend chat, without the round prompts.
         change_settings(page, mode="Chat with one backend")
         send(page, "back to chat")

@@ -190,7 +190,8 @@ def test_a_blind_round_sends_nothing_that_names_a_column_until_the_vote(
     try:
         reopened_frames = collect_frames(reopened)
         log_in(reopened, app, "alice", PASSWORD)
-        wait_ready(reopened)
+        # Alice's blind round waits for its vote: a new chat of hers says its backends' status waits too.
+        expect(reopened.locator(".step", has_text=WAITS).first).to_be_visible(timeout=180_000)
         reopened.goto(f"{app.url}/thread/{thread_id}")
         expect(reopened.locator(".step", has_text="Tell me about the sea.").first).to_be_visible(timeout=30_000)
         shown_waits = reopened.locator(".step", has_text=WAITS).count()  # the earlier ones, in the history

@@ -3,7 +3,9 @@
 `/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status`, `/prompt` and `/trace` are
 Chainlit commands (picked from the composer) and also work typed as text; `/leaderboard` takes a
 filter ("/leaderboard category=code lang=zh"), `/trace` "notext" (the class's trace without texts). A message in compare or blind mode starts a round;
-otherwise the session's backend answers.
+otherwise the session's backend answers. Each asks the person's blind rule first (core.disclosure):
+while a blind round of theirs waits for its vote, a view or a reply that could name its columns
+waits, unless the person insists ("Show anyway", `insist`): the round then no longer counts as blind.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import random
 import chainlit as cl
 
 from core import reports as core_reports
+from core.round_flow import give_up_rounds
 from ui import engines_view, reports_view as reports, rounds_view, session_memory as memory, session_view as session
 from core.texts import text
 
@@ -79,11 +82,10 @@ async def answer(user_text: str) -> None:
 
 
 async def run_command(name: str, arguments: str = "") -> None:
-    if session.lab().disclosure.unsure:  # a reopened chat whose rounds could not be read: try again
-        await rounds_view.restore_hidden_rounds(cl.context.session.thread_id)
-    wait = session.lab().disclosure.refusal(name)
+    rule = await session.current_rule()  # the person's: a round in another tab or replica holds it too
+    wait = rule.refusal(name)
     if wait is not None:  # core.disclosure: it could tie a blind round's column to its backend
-        await session.say(text(wait.key, session.lang(), **wait.values))
+        await session.show_command_wait(wait, name, session.lang())
         return
     if name == "leaderboard":
         await reports.show_leaderboard(arguments)
@@ -125,6 +127,30 @@ async def retry() -> None:
         await answer(pending)
     finally:
         await cl.context.emitter.task_end()
+
+
+async def insist(payload: object) -> None:
+    """"Show anyway": the person gives up the blindness of their waiting rounds to see a view (the
+    payload's command: every waiting round) or to send the waiting message (the rounds that share a
+    backend with it); those rounds are kept but their votes not rated (core.round_flow.give_up_rounds)."""
+    command = payload.get("command") if isinstance(payload, dict) else None
+    lab = session.lab()
+    if command is not None and command not in (*COMMANDS, "export_votes"):
+        return
+    if command is None:
+        settings = lab.settings
+        backends = list(settings.compare_backends) if settings.mode != "chat" else [settings.backend]
+    else:
+        backends = None
+    notice = await give_up_rounds(session.app_state(), lab, backends)
+    if notice is not None:
+        await session.say(notice.render(session.lang()))
+        if notice.key == "blind_give_up_unsure":
+            return
+    if command is not None:
+        await run_action(command)
+    elif lab.pending:
+        await retry()
 
 
 def view_arguments(payload: object) -> str:

@@ -12,6 +12,12 @@ plain answer and stores it (listed in the panel later). /bench runs a short
 classroom cannot multiply the load by 30), and none in blind mode (an engine's
 load would show which column is which). A stand-in backend is labelled as one
 wherever its numbers appear (`display_label`).
+
+Each engine's live load is the plainest way to tell a blind round's columns apart (the engine
+running a request while column A streams is column A), so the panel asks the person's blind
+rule (core.disclosure) when it opens and before each refresh: it closes, without any engine's
+figures, once a blind round of the person waits for its vote (in any tab or replica), and while
+any blind round in the deployment is open only a teacher (with login on) may watch it.
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ from core.load.sweep_report import levels_table, slo_phrase
 from core.load.prompt_sets import load_conversation_set, load_prompt_set
 from core.engines import SIMULATION_USERS, CacheLesson, Simulation, SimulationPoint, panel_props
 from config import cache_lesson_backends
-from core.app_state import AppState, load_refusal
+from core.app_state import AppState, live_load_refusal, load_refusal
 from core.notices import Notice
 from core.texts import text
-from ui.session_view import MetricsElement, app_state, current_user, lab, lang, say, screened, session_settings
+from ui.session_view import (MetricsElement, app_state, current_rule, current_user, lab, lang, say, screened,
+                             session_settings)
 
 REFRESH_S = 1.0
 PANEL_OPEN_FOR_S = 600.0
@@ -75,19 +82,27 @@ def _may_load(identifier: str | None) -> bool:
     return app_state().auth.is_teacher(identifier)
 
 
+async def _panel_refusal() -> str | None:
+    """Why the panel may not show live load now (core.app_state.live_load_refusal), in words."""
+    refusal = await live_load_refusal(app_state(), session_settings().mode, current_user(), rule=await current_rule())
+    return refusal.render(lang()) if refusal is not None else None
+
+
 async def open_panel() -> None:
     """Show the engines of this chat's backend(s), refreshed every second."""
     lang_code = lang()
-    if not lab().disclosure.panel_allowed(session_settings().mode):
-        await say(text("panel_blind", lang_code))
+    if (refusal := await _panel_refusal()) is not None:
+        await say(refusal)
         return
     old = _panel()
     if old is not None and old.task is not None:
         old.task.cancel()
     panel = Panel(MetricsElement(name="Metrics", props={}, display="inline"), chosen_backends())
     panel.sweeps = listed(await app_state().earlier_sweeps(), lang_code)
+    if not await _refresh(panel, send=False):
+        await say(panel.element.props["message"])
+        return
     lab().engine_panel = panel
-    await _refresh(panel)
     await say(text("panel_title", lang_code), author="Engines", elements=[panel.element])
     panel.task = asyncio.create_task(_refresh_loop(panel))
 
@@ -111,7 +126,9 @@ async def _show_closed(panel: Panel, message: str, *, forget_engines: bool = Fal
     await panel.element.update()
 
 
-async def _refresh(panel: Panel) -> None:
+async def _refresh(panel: Panel, *, send: bool = True) -> bool:
+    """Read every engine of the panel and draw it (`send`); False, with no engine's figures left in
+    the element, when the panel may not show them any more (a blind round waits)."""
     state = app_state()
     backends = [state.registry.get(name) for name in panel.backends]
     readings = await asyncio.gather(*(state.readings.read(backend) for backend in backends))
@@ -129,19 +146,26 @@ async def _refresh(panel: Panel) -> None:
                                       can_lesson=_lesson_pair() is not None,
                                       replay=state.class_replay.props(lang()) if state.class_replay else None)
     panel.previous = {reading.name: reading.snapshot for reading in readings if reading.snapshot is not None}
-    if lab().disclosure.panel_allowed(session_settings().mode):  # it may have changed while reading
+    if (refusal := await _panel_refusal()) is not None:  # it may have changed while reading
+        panel.element.props = {"message": refusal, "closed": True, "engines": [], "simulation": None, "points": []}
+        return False
+    if send:
         await panel.element.update()
+    return True
 
 
 async def _refresh_loop(panel: Panel) -> None:
     closes_at = time.monotonic() + PANEL_OPEN_FOR_S
     while time.monotonic() < closes_at:
         await asyncio.sleep(REFRESH_S)
-        if not lab().disclosure.panel_allowed(session_settings().mode):
-            # The session switched to blind mode (or a blind round waits): not one more reading.
-            await _show_closed(panel, text("panel_blind", lang()), forget_engines=True)
+        if (refusal := await _panel_refusal()) is not None:
+            # The session switched to blind mode, a blind round of the person waits, or one is open in
+            # the deployment and this is no teacher: not one more reading.
+            await _show_closed(panel, refusal, forget_engines=True)
             return
-        await _refresh(panel)
+        if not await _refresh(panel):
+            await panel.element.update()  # closed, without any engine's figures
+            return
     panel.message = text("panel_timed_out", lang())
     await _refresh(panel)
 
@@ -170,7 +194,8 @@ async def simulate(payload: object) -> dict:
     names = chosen_backends()
     backends = [state.registry.get(name) for name in names]
     async with state.load_lock:
-        if (refusal := await load_refusal(state, session_settings().mode, current_user())) is not None:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user(),
+                                          rule=await current_rule())) is not None:
             return await _refuse(refusal.render(lang_code))
         stand_ins = await _stand_ins(names, probe=set(names))
         labels = ", ".join(display_label(b.label, stand_ins[b.name]) for b in backends)
@@ -231,7 +256,8 @@ async def capacity_sweep(_payload: object = None) -> dict:
     except ConfigurationError as error:
         return await _refuse(str(error))
     async with state.load_lock:
-        if (refusal := await load_refusal(state, session_settings().mode, current_user())) is not None:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user(),
+                                          rule=await current_rule())) is not None:
             return await _refuse(refusal.render(lang_code))
         stand_ins = await _stand_ins([name], probe={name})
         label = display_label(backend.label, stand_ins[name])
@@ -291,7 +317,8 @@ async def cache_lesson(_payload: object = None) -> dict:
         return await _refuse(text("lesson_not_configured", lang_code))
     backends = (state.registry.get(pair[0]), state.registry.get(pair[1]))
     async with state.load_lock:
-        if (refusal := await load_refusal(state, session_settings().mode, current_user())) is not None:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user(),
+                                          rule=await current_rule())) is not None:
             return await _refuse(refusal.render(lang_code))
         stand_ins = await _stand_ins(list(pair), probe=set(pair))
         labels = (display_label(backends[0].label, stand_ins[pair[0]]), display_label(backends[1].label, stand_ins[pair[1]]))
@@ -371,7 +398,8 @@ async def class_fit(_payload: object = None) -> dict:
     except ConfigurationError as error:
         return await _refuse(str(error))
     async with state.load_lock:
-        if (refusal := await load_refusal(state, session_settings().mode, current_user())) is not None:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user(),
+                                          rule=await current_rule())) is not None:
             return await _refuse(refusal.render(lang_code))
         trace, problem = await _class_trace(texts=True)
         if problem:
@@ -408,7 +436,8 @@ async def run_bench() -> None:
     state, lang_code = app_state(), lang()
     names = chosen_backends()
     async with state.load_lock:
-        if (refusal := await load_refusal(state, session_settings().mode, current_user())) is not None:
+        if (refusal := await load_refusal(state, session_settings().mode, current_user(),
+                                          rule=await current_rule())) is not None:
             await _refuse(refusal.render(lang_code))
             return
         stand_ins = await _stand_ins(names, probe=set(names))

@@ -57,6 +57,7 @@ class LiveReply:
         lang: str = "en",
         request: PreparedRequest | None = None,
         engine_at_start: str | Callable[[], Awaitable[str | None]] | None = None,
+        queue_shown: Callable[[], bool] | None = None,
         text_interval_s: float = TEXT_INTERVAL_S,
         metrics_interval_s: float = METRICS_INTERVAL_S,
     ) -> None:
@@ -66,6 +67,8 @@ class LiveReply:
         self.lang = lang
         self.request = request
         self.engine_at_start = engine_at_start
+        # Asked at each drawing: whether a queue position may be shown (core.disclosure; None: always).
+        self.queue_shown = queue_shown
         self.text_interval_s = text_interval_s
         self.metrics_interval_s = metrics_interval_s
         self._pending: list[str] = []
@@ -142,5 +145,6 @@ class LiveReply:
             self.metrics.props = live_props(
                 self.timed.live(), backend=self.timed.backend, model=self.timed.model, lang=self.lang,
                 ignored=ignored_lines(self.request),
+                queue_shown=self.queue_shown is None or self.queue_shown(),
             )
             await self.metrics.update()

@@ -12,11 +12,12 @@ from typing import Any
 
 import chainlit as cl
 
+from core.disclosure import Wait
 from core.notices import Notice
-from core.round_flow import Round, cast_vote, play, restore_hidden_rounds as restore_rule
+from core.round_flow import Round, cast_vote, play
 from core.texts import text
-from ui.session_view import (APP_AUTHOR, MetricsElement, app_state, current_user, lab, lang, refresh_backend_list,
-                             retry_action, say)
+from ui.session_view import (APP_AUTHOR, MetricsElement, app_state, current_rule, current_user, lab, lang,
+                             refresh_backend_list, retry_action, say, show_reply_wait)
 
 
 class RoundElement:
@@ -28,13 +29,19 @@ class RoundElement:
     async def not_possible(self, reason: str) -> None:
         await say(text("round_not_possible", self.lang, reason=reason), actions=[retry_action(self.lang)])
 
+    async def waits(self, wait: Wait) -> None:
+        await show_reply_wait(wait, self.lang)
+
     async def show(self, round_: Round):
         element = MetricsElement(name="Metrics", props=round_.props(self.lang), display="inline")
         await cl.Message(content="", author=APP_AUTHOR, elements=[element]).send()
         lab().round_elements[round_.round_id] = (element.id, element.for_id)
 
+        rule = lab().disclosure
+
         async def redraw() -> None:
-            element.props = round_.props(self.lang)
+            # A compare round's named columns show no engine state nor queue while a blind round waits.
+            element.props = round_.props(self.lang, engine_state=rule.engine_state_shown())
             await element.update()
 
         return redraw
@@ -53,19 +60,15 @@ async def compare_reply(user_text: str) -> None:
 
 
 async def resume(thread: dict) -> None:
-    """A reopened chat: note which element shows each of its rounds, so a vote can update it, and
-    keep hiding the backends of its blind rounds that still wait for their vote (core.disclosure)."""
+    """A reopened chat: note which element shows each of its rounds, so a vote can update it. Its
+    blind rounds that still wait for their vote stay hidden: they are the person's, and the person's
+    rule (core.disclosure) knows them from the database."""
     elements = lab().round_elements
     for element in thread.get("elements") or []:
         props = element.get("props")
         if isinstance(props, dict) and props.get("kind") == "compare" and props.get("roundId"):
             elements[props["roundId"]] = (element["id"], element.get("forId"))
-    await restore_hidden_rounds(thread.get("id"))
-
-
-async def restore_hidden_rounds(thread_id: str | None) -> None:
-    """core.round_flow.restore_hidden_rounds for this session."""
-    await restore_rule(app_state(), lab(), thread_id)
+    await current_rule()
 
 
 async def vote(payload: Any) -> dict:

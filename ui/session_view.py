@@ -3,7 +3,7 @@
 Everything that decides something lives in `core.replies` (Chainlit-free); this
 module reads and writes `cl.user_session`, sends messages and elements, and
 renders the flow's notices. Per session: the settings, the conversation and
-a pending message to retry.
+a pending message to retry; per person (`person`): the blind rule every view asks.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from backends.base import ChatMessage
 from backends.errors import BackendError, UnknownBackend
 from backends.registry import BackendStatus
 from core.app_state import AppState, server_may_be_down
+from core.disclosure import Wait, person_key
 from core.notices import Notice
 from core.replies import answer
 from core.streaming import StreamOutcome
@@ -32,6 +33,7 @@ from core.texts import language_of, text
 from core.input import Checked, check_message, refusal_of
 from core.session_state import LabSession
 from core.figures import initial_props
+from ui.browser_id import browser_id
 from ui.live import LiveReply
 from core.images import configured_image_origins, remote_images_as_links
 from ui.session_memory import free_closed_sessions
@@ -118,6 +120,20 @@ def current_user() -> str | None:
     """The logged-in user's identifier, or None when login is off."""
     user = getattr(cl.context.session, "user", None)
     return user.identifier if user else None
+
+
+def current_person() -> str:
+    """Whose blind rule this session follows (core.disclosure.person_key): the user with login, else
+    the browser's id cookie as its socket connection sent it (ui/browser_id.py), else the session."""
+    session = cl.context.session
+    environ = getattr(session, "environ", None) or {}
+    return person_key(user=current_user(), browser_id=browser_id(environ.get("HTTP_COOKIE")),
+                      session_id=session.id)
+
+
+async def current_rule():
+    """This session's person's blind rule, up to date (core.disclosure)."""
+    return await app_state().rule(lab().person)
 
 
 def guarded(handler):
@@ -225,17 +241,21 @@ def _new_session(state: AppState, conversation: Conversation | None = None,
                  prompts: list[str] | None = None) -> LabSession:
     """This session's state, fresh. A reopened chat's session comes back from Chainlit with what it
     could save of the old one as JSON (nulls, for the one LabSession object): nothing of that is used."""
+    person = current_person()
     session = LabSession(settings=SessionSettings.initial(state.defaults, state.presets, state.registry.names),
-                         conversation=conversation or Conversation(), user_prompts=prompts or [])
+                         conversation=conversation or Conversation(), user_prompts=prompts or [],
+                         person=person, disclosure=state.disclosures.person(person))
     cl.user_session.set("lab", session)
     return session
 
 
 async def start(actions: list[cl.Action] | None = None) -> None:
-    """New chat: settings panel, then the backends' status (a down backend is shown, not hidden)."""
+    """New chat: settings panel, then the backends' status (a down backend is shown, not hidden), or,
+    while a blind round of the person waits for its vote, that the status waits too."""
     state, lang_code = app_state(), lang()
-    _new_session(state)
+    session = _new_session(state)
     free_closed_sessions()
+    rule = await state.rule(session.person)  # another tab of this person may have a blind round waiting
     if await state.storage() is None:
         await say(text("storage_unavailable", lang_code, problem=state.storage_problem))
     elif state.storage_problem:  # down since start: writes wait, the app keeps trying (AppState.storage)
@@ -244,6 +264,10 @@ async def start(actions: list[cl.Action] | None = None) -> None:
     await _warm_up_backends(lang_code)
     statuses = await state.statuses()
     await _send_settings(statuses)
+    if (wait := rule.refusal("status")) is not None:  # health and model ids could name a column
+        await say(f"{text('status_title', lang_code)}\n\n{text(wait.key, lang_code, **wait.values)}",
+                  actions=actions or [])
+        return
     await say("\n".join(_status_lines(statuses, lang_code)), actions=actions or [])
 
 
@@ -262,6 +286,7 @@ async def resume(thread: dict) -> None:
     if conversation is None:
         conversation = Conversation(history=_history_from_steps(steps))
     session = _new_session(state, conversation, prompts)
+    await state.rule(session.person)
     restored = _saved_settings(state, thread)
     if restored is not None:
         session.settings = restored
@@ -388,6 +413,9 @@ class ChatReplyView:
     async def failed(self, label: str, reason: str) -> None:
         await show_error(label, reason, self.lang)
 
+    async def waits(self, wait: Wait) -> None:
+        await show_reply_wait(wait, self.lang)
+
     async def stream(self, plan) -> tuple[StreamOutcome, str]:
         backend = plan.backend
         message = cl.Message(content="", author=_author(backend.label, backend.name))
@@ -405,8 +433,9 @@ class ChatReplyView:
             return plan.engine_summary()
 
         # The request leaves first; the message and its figures go on screen while it is on its way.
+        rule = lab().disclosure
         outcome = await LiveReply(plan.open_stream(), message, metrics, lang=self.lang, request=plan.request,
-                                  engine_at_start=engine_at_start).run(shown())
+                                  engine_at_start=engine_at_start, queue_shown=rule.engine_state_shown).run(shown())
         # The per-chunk timeline is in the database (and in the figures element), not on every message.
         message.metadata = {"record": outcome.record.as_dict(), "sent": dict(plan.request.sent)}
         # The figures were sent and stored final already: Chainlit's update would send and store them again.
@@ -423,6 +452,27 @@ class ChatReplyView:
 def _author(label: str, name: str) -> str:
     """Chainlit serves avatars only for names made of [A-Za-z0-9_ .-]; others get a broken image."""
     return re.sub(r"[^A-Za-z0-9_ .-]", "", label).strip() or name
+
+
+def insist_action(lang: str, command: str | None = None) -> cl.Action:
+    """"Show anyway": the person insists on a view or a reply while a blind round of theirs waits;
+    that round then no longer counts as blind (core.round_flow.give_up_rounds)."""
+    if command is None:
+        return cl.Action(name="blind_insist", payload={}, label=text("blind_insist_reply", lang), icon="eye")
+    return cl.Action(name="blind_insist", payload={"command": command}, label=text("blind_insist_view", lang),
+                     icon="eye")
+
+
+async def show_reply_wait(wait: Wait, lang_code: str) -> None:
+    """A reply (or a round) waits for the vote of a blind round with its backends; the message is kept."""
+    await say(text(wait.key, lang_code, **wait.values), actions=[insist_action(lang_code)])
+
+
+async def show_command_wait(wait: Wait, command: str, lang_code: str) -> None:
+    """A view waits for the vote of a blind round (core.disclosure); with a button to see it anyway,
+    unless the rule cannot say which rounds wait (the database is unavailable)."""
+    actions = [insist_action(lang_code, command)] if wait.key == "blind_wait" else []
+    await say(text(wait.key, lang_code, **wait.values), actions=actions)
 
 
 def retry_action(lang: str) -> cl.Action:

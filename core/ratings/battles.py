@@ -16,7 +16,8 @@ or both-bad ties every pair. Each pair is one `Battle`, written as one line:
 | `category` | the prompt-set line's category, or `free` for a prompt typed by a person |
 | `conversation_a/b` | `[{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]` |
 | `conv_metadata` | `sum_assistant_a_tokens`, `header_count_a` {h1..h6}, `list_count_a` {ordered, unordered}, `bold_count_a` {`**`, `__`}, and the same for b |
-| `reveal` | `finished` or `pace` (how a blind round showed its text before the vote), or null |
+| `reveal` | `finished`, `pace` or `live` (how a blind round showed its text before the vote), or null |
+| `speed_seen` | true when the round was stopped before its end and every partial text shown at once: its voter saw speed whatever the reveal |
 | `side_a/b` | this app's figures per side: `column`, `label`, `model`, `status`, `first_token_s`, `decode_tokens_per_s`, `total_s`, `settings` (sent to the engine), `judged` (good/bad/null) |
 | `comment` | the voter's comment (the same on every line of a round) |
 | `rated` | false for a vote kept but not rated; `unrated_reason` says why |
@@ -130,6 +131,14 @@ class PromptCatalogue:
         return self.entries.get(prompt.strip()) or (FREE_CATEGORY, script_language(prompt))
 
 
+# Reveal modes of a blind round in which the voter saw each side's speed before voting: "live"
+# streams every column as its engine sends it (names hidden), so which side started first and
+# ran faster is in plain view. "pace" shows every column at the pace of the slowest one still
+# generating (core.rounds.RevealPace) and "finished" shows nothing until all have finished: in
+# both, neither side's speed is shown, so their votes carry no speed effect - unless the round was
+# stopped before its end, which shows every partial text at once (`Battle.speed_seen`).
+SPEED_SHOWN_IN = frozenset({"live"})
+
 @dataclass(frozen=True)
 class Side:
     """One side of a battle: who answered, what, how long and how fast.
@@ -166,6 +175,7 @@ class Battle:
     rated: bool = True
     unrated_reason: str | None = None
     reveal: str | None = None
+    speed_seen: bool = False  # stopped early, partial texts shown at once: speed seen whatever the reveal
     category: str = FREE_CATEGORY
     language: str = "en"
     prompt: str = ""
@@ -183,6 +193,11 @@ class Battle:
     def counted(self) -> bool:
         """Whether the ratings count it: blind, and not set apart (e.g. its comment named a backend)."""
         return self.anony and self.rated
+
+    @property
+    def speed_shown(self) -> bool:
+        """Whether the voter saw each side's speed before voting (core.ratings.controlled)."""
+        return self.reveal in SPEED_SHOWN_IN or self.speed_seen
 
     @property
     def score_a(self) -> float:
@@ -212,7 +227,8 @@ def battles_from_vote(record: VoteRecord, catalogue: PromptCatalogue) -> list[Ba
             settings=reply.settings_sent if reply else {}, judged=vote.judgements.get(column.label),
         ))
     context = dict(round_id=vote.round_id, anony=record.mode == "blind", rated=vote.unrated_reason is None,
-                   unrated_reason=vote.unrated_reason, reveal=record.reveal, category=category, language=language,
+                   unrated_reason=vote.unrated_reason, reveal=record.reveal, speed_seen=record.speed_seen,
+                   category=category, language=language,
                    prompt=record.prompt, judge=vote.user_identifier, tstamp=vote.created_at.timestamp(),
                    comment=vote.comment)
     if vote.outcome == "win":
@@ -318,6 +334,7 @@ def battle_to_json(battle: Battle) -> dict[str, Any]:
         "conversation_b": _conversation(battle.prompt, b.reply),
         "conv_metadata": {**_metadata(a, "a"), **_metadata(b, "b")},
         "reveal": battle.reveal,
+        "speed_seen": battle.speed_seen,
         "side_a": _side_figures(a),
         "side_b": _side_figures(b),
         "comment": battle.comment,
@@ -393,6 +410,7 @@ def battle_from_json(record: Any) -> Battle:
         rated=bool(record.get("rated", True)),
         unrated_reason=record.get("unrated_reason"),
         reveal=record.get("reveal"),
+        speed_seen=bool(record.get("speed_seen", False)),
         category=str(record.get("category") or FREE_CATEGORY),
         language=str(record.get("language") or script_language(_prompt_of(record.get("conversation_a")))),
         prompt=_prompt_of(record.get("conversation_a")),

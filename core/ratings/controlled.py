@@ -52,7 +52,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from core.ratings.battles import Battle, Side, vote_count
+from core.ratings.battles import SPEED_SHOWN_IN, Battle, Side, vote_count  # noqa: F401 (SPEED_SHOWN_IN re-exported)
 from core.ratings.ratings import (
     BOOTSTRAP_SAMPLES,
     INTERVAL_PERCENT,
@@ -69,12 +69,6 @@ CONTROLS: dict[str, tuple[str, ...]] = {
     "style": ("headers", "lists", "bold"),
 }
 DEFAULT_CONTROLS = ("speed", "length", "style")
-# Reveal modes of a blind round in which the voter saw each side's speed before voting: "live"
-# streams every column as its engine sends it (names hidden), so which side started first and
-# ran faster is in plain view. "pace" shows every column at the pace of the slowest one still
-# generating (core.rounds.RevealPace) and "finished" shows nothing until all have finished: in
-# both, neither side's speed is shown, so their votes carry no speed effect.
-SPEED_SHOWN_IN = frozenset({"live"})
 
 
 def normalised_difference(a, b):
@@ -184,7 +178,7 @@ def covariate_matrix(battles: Sequence[Battle], covariates: Sequence[str]) -> np
     unknown = [name for name in covariates if name not in _SIDE_FIGURE]
     if unknown:
         raise ValueError(f"Unknown covariate {unknown[0]!r}; known: {', '.join(_SIDE_FIGURE)}.")
-    speed_shown = np.array([battle.reveal in SPEED_SHOWN_IN for battle in battles], dtype=bool)
+    speed_shown = np.array([battle.speed_shown for battle in battles], dtype=bool)
     columns = []
     for name in covariates:
         figure = _SIDE_FIGURE[name]
@@ -232,7 +226,7 @@ def rate_with_controls(
     covariates = [name for control in controls for name in CONTROLS[control]]
     counted = [battle for battle in battles if battle.counted]
     votes = vote_count(counted)
-    speed_hidden = vote_count(b for b in counted if b.reveal not in SPEED_SHOWN_IN) if "speed" in controls else 0
+    speed_hidden = vote_count(b for b in counted if not b.speed_shown) if "speed" in controls else 0
     if not counted:
         return ControlledRatings(controls, {}, {}, tuple(_unmeasured(name, 0) for name in covariates), 0, 0,
                                  speed_hidden)
