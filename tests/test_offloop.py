@@ -21,7 +21,7 @@ from core.timing import TimedStream
 from servers.paced_openai import start_paced_server
 
 FIRST_TOKEN_S = 0.2
-BLOCK_S = 0.4  # the app's loop is held this long from just before the first token is due
+BLOCK_S = 0.6  # the app's loop is held this long from just before the first token is due
 TOKENS = 20
 RATE = 100.0
 
@@ -66,14 +66,16 @@ async def test_a_busy_app_loop_adds_nothing_to_the_ttft_of_a_backend_on_its_own_
     await wrapped.warm_up()
     measured = await ttft_with_the_loop_blocked(wrapped, BLOCK_S)
     truth = server_truth(paced)
-    assert measured - truth < 0.05, (measured, truth)  # the 0.4 s the loop was held is not in it
+    # The 0.6 s the loop was held is not in it (the bound leaves a loaded machine room, and the
+    # control below shows the block where the stamps are taken on the blocked loop).
+    assert measured - truth < BLOCK_S / 3, (measured, truth)
 
     # Control: the same backend read on this loop carries the block (so the check above can fail).
     plain = backend(paced, "plain")
     await plain.warm_up()
     measured_plain = await ttft_with_the_loop_blocked(plain, BLOCK_S)
     truth_plain = server_truth(paced)
-    assert measured_plain - truth_plain > BLOCK_S - FIRST_TOKEN_S, (measured_plain, truth_plain)
+    assert measured_plain - truth_plain > BLOCK_S - 0.1, (measured_plain, truth_plain)
     await wrapped.aclose()
     await plain.aclose()
 
