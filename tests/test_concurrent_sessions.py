@@ -216,7 +216,7 @@ def test_a_blind_round_and_a_chat_at_once_each_reach_their_own_engines(
     vllm_requests = vllm_server.chat_requests()[vllm_seen:]
     assert [r["messages"] for r in vllm_requests] == [expected_a], vllm_requests
     assert (vllm_requests[0]["temperature"], vllm_requests[0]["max_tokens"]) == (0.0, 24)
-    tgi_requests = [r["body"] for r in run(tgi_server.requests())[tgi_seen:] if "messages" in (r.get("body") or {})]
+    tgi_requests = [r["body"] for r in run(tgi_server.requests())[tgi_seen:] if r["path"] == "/v1/chat/completions"]
     assert [r["messages"] for r in tgi_requests] == [expected_a], tgi_requests
     assert (tgi_requests[0]["temperature"], tgi_requests[0]["max_tokens"]) == (0.0, 24)
     for other in (CUSTOM_SYSTEM_PROMPT, prompt_b):
@@ -227,7 +227,7 @@ def test_a_blind_round_and_a_chat_at_once_each_reach_their_own_engines(
     # the vote) were stored by the app, each equal to its own engine's count.
     assert reply_b.output_tokens == embedded_generated(app) - embedded_before
     replies = stored_when(app.env["DATABASE_URL"], "replies", 100,
-                          until=lambda rows: sum(r.prompt == prompt_a for r in rows) == 2)
+                          until=lambda rows: sum(r.prompt in (prompt_a, prompt_b) for r in rows) == 3)
     columns = {r.backend: r for r in replies if r.prompt == prompt_a}
     assert set(columns) == {"vllm", "tgi"} and {r.mode for r in columns.values()} == {"blind"}
     assert columns["vllm"].output_tokens == engine_state(root).generation_tokens_total - vllm_before
