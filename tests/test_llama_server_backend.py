@@ -219,7 +219,7 @@ async def test_the_settings_sent_are_the_ones_its_slot_uses(backend, llama_serve
         assert await _idle(llama_server)
 
 
-STOP_CAP = 600
+STOP_CAP = 200  # the control run writes all of them: keep it short on a busy machine
 
 
 @pytest.mark.llama_server
