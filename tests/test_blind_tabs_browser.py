@@ -35,7 +35,7 @@ from tests.fixtures_postgres import new_postgres_database
 from tests.test_compare_browser import SNAPSHOT_JS, change_settings, send
 from tests.test_reports_browser import log_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 NAMES = {"alpha_engine": "Alpha Engine", "beta_engine": "Beta Engine"}
 WAITS = "waits until you have voted"

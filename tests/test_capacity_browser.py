@@ -12,7 +12,7 @@ from servers.paced_openai import start_paced_server
 from tests.fixtures_app import stored_when
 from tests.test_engines_browser import command, open_chat
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

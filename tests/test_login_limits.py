@@ -19,7 +19,7 @@ from core.login_limits import (CLEAN, DEVICE, SUSPECT, Busy, DeviceCookies, Hash
 from store import Store, normalise_url
 from store.db import create_engine
 from store.login_attempts import FallbackAttempts, LocalAttempts, SharedAttempts
-from tests.fixtures_postgres import new_cluster, new_postgres_database
+from tests.fixtures_postgres import new_postgres_database
 
 SECRET = "test-secret"
 
@@ -420,8 +420,8 @@ def _signal_server(cluster, sig: int) -> None:
         os.kill(cluster.server.process.pid, sig)
 
 
-async def test_a_database_that_does_not_answer_leaves_the_limits_to_this_process():
-    cluster = new_cluster().start()
+async def test_a_database_that_does_not_answer_leaves_the_limits_to_this_process(own_cluster):
+    cluster = own_cluster
     url = normalise_url(cluster.url)
     async with await Store.open(url, flush_outbox=False) as store:
         await store.migrate()
@@ -457,4 +457,3 @@ async def test_a_database_that_does_not_answer_leaves_the_limits_to_this_process
         if stopped:
             _signal_server(cluster, signal.SIGCONT)
         await limits.aclose()
-        cluster.remove()
