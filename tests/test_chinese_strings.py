@@ -1,14 +1,14 @@
 """The Chinese UI covers the English one: every string the app shows in English has a Chinese
 counterpart with the same placeholders, in each place strings live - the custom element's tables
-(public/elements/Metrics.jsx, evaluated by node), the app's own strings (core/texts.py, the
+(public/elements/Metrics.jsx, evaluated by the node Playwright ships), the app's own strings (core/texts.py, the
 leaderboard's merged in) and Chainlit's chrome (.chainlit/translations)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -23,13 +23,20 @@ SAME_KEYS = {"unknown_backend"}  # core/texts.py keys whose text is the same in 
 HAN = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")  # CJK ideographs and punctuation
 
 
+def playwright_node() -> str:
+    """The node that Playwright (a test requirement) ships to drive browsers: no system node needed."""
+    from playwright._impl._driver import compute_driver_executable
+
+    node = compute_driver_executable()[0]
+    if not Path(node).exists():
+        pytest.fail(f"Playwright's node is missing at {node}: reinstall playwright (requirements-dev.txt)", pytrace=False)
+    return str(node)
+
+
 def element_tables(source: str | None = None) -> dict[str, dict]:
     """Each string table of the custom element (or of `source`, its text), per language:
     key -> {"kind", "arity", "source"}."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is needed to read the custom element's string tables (Debian: apt-get install nodejs)",
-                    pytrace=False)
+    node = playwright_node()
     source = ELEMENT.read_text(encoding="utf-8") if source is None else source
     literals = {}
     for name in ELEMENT_TABLES:
