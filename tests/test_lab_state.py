@@ -23,7 +23,7 @@ from servers.app import AppServer, backend_env
 from tests.fixtures_app import closed_loopback_url
 from ui.lab_state import forwarded
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow]
 
 PASSWORDS = {"alice": "alice-" + secrets.token_hex(4), "bob": "bob-" + secrets.token_hex(4)}
 SECRET = secrets.token_urlsafe(32)
