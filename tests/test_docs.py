@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from config import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import docs_reference  # noqa: E402  (scripts/ is not a package)
+from scripts import docs_reference
 
 MKDOCS = Path(sys.executable).with_name("mkdocs")
 
