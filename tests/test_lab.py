@@ -27,7 +27,8 @@ ROUND_TIMEOUT_S = 400.0  # a safety bound: four columns one after another on two
 def start_lab(logs: Path, *args: str, **env: str) -> tuple[subprocess.Popen, dict[str, str], str]:
     """Run the script in a session of its own (as a terminal runs a foreground job); return it,
     its LAB_* lines and its output once it says it is ready."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("BACKENDS", "DATABASE_URL", "TGI_BASE_URL")}
+    ignored = ("BACKENDS", "DATABASE_URL", "TGI_BASE_URL", "VLLM_SERVE_MODEL")  # the test says what the lab gets
+    full_env = {k: v for k, v in os.environ.items() if k not in ignored}
     full_env.update(DATABASE_URL=f"sqlite:///{logs}/lab.db", **env)
     out_path = logs / "lab.out"
     with open(out_path, "w") as out:
@@ -121,14 +122,22 @@ def test_the_lab_runs_a_round_on_every_engine_and_ctrl_c_stops_all_it_started(tm
     assert "Stopping what this script started" in (tmp_path / "lab.out").read_text()
 
 
-def test_the_lab_says_why_an_engine_is_not_up_and_starts_the_app_without_it(tmp_path):
+def test_the_lab_says_why_an_engine_is_not_up_and_starts_the_app_without_it(tmp_path, vllm_installed):
     dead_port = free_port()  # nothing listens there
     port = free_port()
-    process, lab, output = start_lab(tmp_path, "--port", str(port), "--without", "llama_server,vllm",
-                                     TGI_BASE_URL=f"http://127.0.0.1:{dead_port}")
+    # A machine where nvidia-smi works: vLLM would be the GPU build, which needs to be told its model.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: a stand-in for this test'\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    process, lab, output = start_lab(tmp_path, "--port", str(port), "--without", "llama_server",
+                                     TGI_BASE_URL=f"http://127.0.0.1:{dead_port}",
+                                     PATH=f"{fake_bin}:{os.environ['PATH']}")
     try:
         assert lab["LAB_BACKENDS"] == "llama_cpp"
-        assert re.search(r"^\s+not up\s+vllm\s+left out \(--without\)", output, re.M), output
+        assert re.search(r"^\s+not up\s+llama_server\s+left out \(--without\)", output, re.M), output
+        assert re.search(r"^\s+not up\s+vllm\s+a GPU is here: say which model vLLM serves with VLLM_SERVE_MODEL",
+                         output, re.M), output
         assert re.search(rf"^\s+not up\s+tgi\s+nothing answers at TGI_BASE_URL=http://127.0.0.1:{dead_port}",
                          output, re.M), output
         with ChainlitClient(lab["LAB_URL"]) as client:
