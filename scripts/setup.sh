@@ -2,7 +2,7 @@
 # Set up the app (and, with --test, everything the test suite needs).
 #
 #   bash scripts/setup.sh          # .venv with the app and the bundled model
-#   bash scripts/setup.sh --test   # + test tools, Debian's chromium, postgresql and nginx, the vLLM CPU venv and its model,
+#   bash scripts/setup.sh --test   # + test tools, the web tools (npm ci), Debian's chromium, postgresql and nginx, the vLLM CPU venv and its model,
 #                                  #   and llama.cpp's llama-server (built once, cached like the wheel)
 #
 # The first run compiles llama.cpp (llama-cpp-python has no wheel on PyPI):
@@ -72,6 +72,12 @@ if [ "$with_tests" = 1 ]; then
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
   fi
+  if ! fc-list :lang=zh 2>/dev/null | grep -q .; then
+    step "Installing a Chinese font (Debian's chromium has none: scripts/screenshots.py draws the Chinese view)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends fonts-wqy-microhei
+  fi
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     step "Installing Debian's postgresql (the storage tests start a throwaway cluster)"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -87,21 +93,14 @@ if [ "$with_tests" = 1 ]; then
     # their own nginx (servers/proxy.py) and need none of it.
     $SUDO systemctl disable --now nginx >/dev/null 2>&1 || $SUDO service nginx stop >/dev/null 2>&1 || true
   fi
-  # scripts/screenshots.py draws every view (the Chinese one too: Debian's chromium has no CJK font
-  # by itself) and checks it with axe-core, an npm package pinned in package-lock.json.
-  if ! command -v npm >/dev/null 2>&1 || ! fc-list :lang=zh 2>/dev/null | grep -q .; then
-    step "Installing Node.js and npm (for axe-core) and a Chinese font (for the screenshots)"
+  if ! command -v npm >/dev/null 2>&1; then
+    step "Installing Debian's nodejs and npm (the custom element's build check and the browser checks)"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
     $SUDO apt-get update -q
-    command -v npm >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nodejs npm
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends fonts-wqy-microhei
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nodejs npm
   fi
-  axe_version() { node -p "require('./$1').version" 2>/dev/null; }
-  if [ "$(axe_version node_modules/axe-core/package.json)" != \
-       "$(node -p "require('./package-lock.json').packages['node_modules/axe-core'].version")" ]; then
-    step "Installing axe-core (npm ci)"
-    npm ci --no-audit --no-fund --loglevel=error
-  fi
+  step "Installing the web tools (npm ci: package.json's build and browser-check packages)"
+  npm ci --no-audit --no-fund --loglevel=error
   step "Setting up vLLM (CPU build) in .venv-vllm and converting the bundled model"
   bash scripts/vllm_server.sh --setup-only
   step "Building llama.cpp's server (llama-server) from the same source as the wheel"
