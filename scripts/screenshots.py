@@ -329,6 +329,7 @@ def tour(browser, app_url: str, engines: dict, camera: Camera, wanted: set[str])
         sweep = page.locator('[data-testid="sweep"][data-done="true"]').last
         sweep.wait_for(timeout=WAIT_MS)
         sweep.locator('[data-testid="sweep-answer"]').wait_for(timeout=WAIT_MS)
+        page.locator(".step", has_text="Capacity sweep done.").last.wait_for(timeout=WAIT_MS)
         if "capacity-sweep" in wanted:
             scroll_to_top_of(sweep)
             camera.shoot(page, "capacity-sweep")
