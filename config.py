@@ -89,7 +89,7 @@ class ChatDefaults:
     temperature: Bound = Bound(0.7, 0.0, 2.0, 0.05)
     top_p: Bound = Bound(0.95, 0.05, 1.0, 0.05)
     max_new_tokens: Bound = Bound(256, 16, 4096, 16)
-    # Empty by default: not sent, so each engine's own default applies (chainlit.md lists them).
+    # Empty by default: not sent, so each engine's own default applies (docs/engineers/figures.md lists them).
     top_k: OptionalBound = OptionalBound(None, 1, 1000, integer=True)
     min_p: OptionalBound = OptionalBound(None, 0.0, 1.0)
     repetition_penalty: OptionalBound = OptionalBound(None, 0.01, 10.0)
