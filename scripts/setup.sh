@@ -72,6 +72,12 @@ if [ "$with_tests" = 1 ]; then
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
   fi
+  if ! fc-list :lang=zh 2>/dev/null | grep -q .; then
+    step "Installing a Chinese font (Debian's chromium has none: scripts/screenshots.py draws the Chinese view)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends fonts-wqy-microhei
+  fi
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     step "Installing Debian's postgresql (the storage tests start a throwaway cluster)"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -1,6 +1,6 @@
 """The Chinese UI covers the English one: every string the app shows in English has a Chinese
 counterpart with the same placeholders, in each place strings live - the custom element's tables
-(public/elements/Metrics.jsx, evaluated by the node Playwright ships), the app's own strings (core/texts.py, the
+(web/metrics-view.jsx, the source of the built element, evaluated by the node Playwright ships), the app's own strings (core/texts.py, the
 leaderboard's merged in) and Chainlit's chrome (.chainlit/translations)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from config import REPO
 from core.texts import STRINGS
 
-ELEMENT = REPO / "public" / "elements" / "Metrics.jsx"
+ELEMENT = REPO / "web" / "metrics-view.jsx"
 ELEMENT_TABLES = ("LABELS", "PANEL")
 # Words that are the same in both languages (units, percentiles, symbols).
 SAME_IN_BOTH = {"p90", "p99", "tokens", "token →", "…", "Top-p"}
@@ -40,9 +40,11 @@ def element_tables(source: str | None = None) -> dict[str, dict]:
     source = ELEMENT.read_text(encoding="utf-8") if source is None else source
     literals = {}
     for name in ELEMENT_TABLES:
-        start = source.index(f"const {name} = {{")
-        end = source.index("\n};\n", start)
-        literals[name] = source[start + len(f"const {name} = "):end + 2]
+        found = re.search(rf"^( *)const {name} = \{{", source, re.MULTILINE)
+        assert found, f"no table {name} in {ELEMENT.name}"
+        start, indent = found.start(), found.group(1)
+        end = source.index(f"\n{indent}}};\n", start)
+        literals[name] = source[found.end() - 1:end + len(indent) + 2]
     script = ("const tables = {" + ",".join(f"{name}: ({text})" for name, text in literals.items()) + "};\n"
               "const out = {};\n"
               "for (const [table, langs] of Object.entries(tables)) {\n"

@@ -138,4 +138,4 @@ def test_the_readme_gives_the_commands_ci_runs(command):
 
 def test_the_readme_keeps_its_test_counts_block():
     start, end = README.index("<!-- test-counts:start -->"), README.index("<!-- test-counts:end -->")
-    assert start < end and "| all tests |" in README[start:end]  # its figures: tests/test_test_counts.py
+    assert start < end and "| all tests |" in README[start:end]  # scripts/test_counts.py's table
