@@ -367,7 +367,7 @@ def _elsewhere(holder: str | None) -> Notice | None:
 def sees_live_load(state: AppState, user: str | None) -> bool:
     """Whether this person may see live per-engine load while blind rounds are open in the
     deployment: a teacher, with login on. With login off nobody can be told apart, so nobody
-    (core/disclosure.py, README "Blind is per person")."""
+    (core/disclosure.py, docs/deploying/classroom.md, "Blind is per person")."""
     return state.auth.enabled and state.auth.is_teacher(user)
 
 

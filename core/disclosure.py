@@ -229,7 +229,7 @@ class Disclosure:
         """Why a reply from `backends` (a chat reply, or a round's columns) must wait: a waiting
         round has one of them, and its text would tell which column that backend is. A reply from
         other backends goes (an unsure rule does not hold replies: the chat keeps working while the
-        database is unavailable, README)."""
+        database is unavailable, docs/deploying/classroom.md)."""
         chosen = set(backends)
         sharing = [round_id for round_id, held in self._held.items() if held.backends & chosen or not held.backends]
         if not sharing:

@@ -31,7 +31,7 @@ hashing. Every wait has an end: nothing here is a lock.
 What this does not do: tell a guesser with many addresses (a botnet, an IPv6 range wider than
 a /64) from many people; hide which names exist from a script that has pushed its own address
 past its limit (unknown names are then refused while known names are still checked); or slow
-a flood of plain HTTP requests (that is the proxy's job). See the README's security section.
+a flood of plain HTTP requests (that is the proxy's job). See docs/deploying/classroom.md.
 
 The rules are pure functions of the records and the time (`judge`, `forgive`), applied
 atomically by a table from `store.login_attempts` (in this process, or shared by every replica

@@ -31,7 +31,7 @@ Each attacker runs in a process of its own at the lowest CPU priority (on a real
 is its own machine's, not the app's). Also printed, without a goal: how each attacker was
 answered (401 checked, or an unknown name failed without hashing; 429 refused at once) and the
 app's CPU use during each case (a flood of plain HTTP requests costs CPU whatever the limits do;
-that is for a proxy's rate limit, see the README).
+that is for a proxy's rate limit, see docs/deploying/classroom.md).
 
 Run: `.venv/bin/python -m experiments.login_lockout [--replicas 2] [--guess-s 30] [--junk-s 20]
       [--iterations 600000]`

@@ -46,7 +46,7 @@ from servers.paced_openai import start_paced_server
 from servers.tgi_protocol import start_paced_tgi_server
 
 KINDS = ("openai", "vllm", "tgi messages", "tgi generate")
-TTFT_BIAS_GOAL_MS = 15.0  # the README's claim for every kind
+TTFT_BIAS_GOAL_MS = 15.0  # the docs' claim for every kind (docs/engineers/figures.md)
 DECODE_RATE_TOLERANCE = 0.02  # shown decode tokens/s within 2 % of the server's pace
 ITL_MEDIAN_TOLERANCE = 0.5  # the requests' median inter-token latency within 50 % of the pace
 

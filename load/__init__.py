@@ -1,1 +1,1 @@
-"""The classroom load test: a Chainlit socket.io client, Locust users and the run summary (see README)."""
+"""The classroom load test: a Chainlit socket.io client, Locust users and the run summary (see docs/deploying/load-test.md)."""

@@ -13,7 +13,7 @@ stop a client from choosing its own id, and a chosen id gains nothing - a fresh 
 private window gets anyway, and another browser's id (which is never shown) would only make its
 views wait as well. The database keeps a digest of it, never the id itself
 (`core.disclosure.person_key`). What it cannot do: tell two browsers of one student apart from two
-students; a script that drops its cookies is a new browser every time (README, "Blind is per
+students; a script that drops its cookies is a new browser every time (docs/deploying/classroom.md, "Blind is per
 person": with login off, per browser is all that is promised).
 """
 

@@ -177,7 +177,7 @@ def forwarded(headers: Mapping[str, str]) -> bool:
 
 def from_this_machine(request: Request) -> bool:
     """A loopback client with no forwarding header at all. A tunnel that forwards without adding
-    one looks exactly like this: only a teacher's login tells such a request apart (README)."""
+    one looks exactly like this: only a teacher's login tells such a request apart (docs/deploying/classroom.md)."""
     client = request.client.host if request.client else ""
     return client in LOOPBACK_HOSTS and not forwarded(request.headers)
 

@@ -4,7 +4,7 @@
   only from the app's own origin, `data:`, `blob:` and LAB_IMAGE_ORIGINS (core/images.py says
   why, and what else shows a blocked image as a link). Only these two directives: scripts,
   styles, fonts and connections are left as Chainlit 2.12 needs them (its page loads a font and
-  KaTeX's style sheet from public CDNs, README "What is and is not promised").
+  KaTeX's style sheet from public CDNs, docs/deploying/classroom.md, "What is and is not promised").
 - `Referrer-Policy: same-origin`: a person who follows a link out of a reply does not tell that
   site which page (which thread) they came from. `same-origin`, not `no-referrer`: the browser
   then still sends `Origin` with the page's own POSTs, which the socket guard checks.

@@ -23,7 +23,7 @@ from core.ratings.texts import text
 
 # The controlled fit refits several parameters per resample; 500 resamples keep its 95%
 # interval bounds steady to about a point and the whole board well under a second at
-# 2,000 votes (README, "Ratings offline").
+# 2,000 votes (docs/teachers/votes-and-ratings.md).
 CONTROLLED_BOOTSTRAP_SAMPLES = 500
 
 
