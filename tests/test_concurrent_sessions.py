@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from backends.base import ChatMessage, GenerationParams
+from config import BackendConfig
 from core.settings import load_presets
 from load.chainlit_client import ChainlitClient
 from servers.app import AppServer, run_coroutine as run
@@ -41,7 +42,6 @@ from tests.controls import config_reaches_the_cap
 from tests.fixtures_app import stored_when
 from tests.fixtures_vllm import VLLMTestServer, held_vllm
 from tests.test_vllm_backend import engine_state
-from config import BackendConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
