@@ -27,12 +27,14 @@ so its columns' figures are read where the app stored them.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from backends.base import ChatMessage, GenerationParams
+from config import BackendConfig
 from core.settings import load_presets
 from load.chainlit_client import ChainlitClient
 from servers.app import AppServer, run_coroutine as run
@@ -40,7 +42,6 @@ from tests.controls import config_reaches_the_cap
 from tests.fixtures_app import stored_when
 from tests.fixtures_vllm import VLLMTestServer, held_vllm
 from tests.test_vllm_backend import engine_state
-from config import BackendConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -102,6 +103,13 @@ def expected_b_sampling() -> dict:
             "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
 
+def wait_for(condition, what: str, timeout_s: float = REPLY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
+        time.sleep(0.1)
+
+
 def open_session(app: AppServer, **settings) -> ChainlitClient:
     client = ChainlitClient(app.url)
     client.open_chat(timeout_s=120)
@@ -143,9 +151,11 @@ def test_two_sessions_at_once_each_reach_their_own_engine_with_their_own_setting
         try:
             with held_vllm(root) as step_until:
                 reply_a, reply_b = a.send(prompt_a), b.send(prompt_b)
-                # Both replies have text on screen and neither has ended: they stream at the same time.
-                step_until(lambda: reply_a.first_token_at_s is not None and reply_b.first_token_at_s is not None,
-                           timeout_s=REPLY_TIMEOUT_S)
+                # B's reply reaches its hold (text on screen) while vLLM, paused, does nothing for A;
+                # then vLLM is let on a step at a time only until A's first text: both replies have
+                # text on screen and neither has ended, so they stream at the same time.
+                wait_for(lambda: reply_b.first_token_at_s is not None, "session B's first text")
+                step_until(lambda: reply_a.first_token_at_s is not None, timeout_s=REPLY_TIMEOUT_S)
                 assert not reply_a.done and not reply_b.done
                 assert engine_state(root).running_requests == 1
         finally:
@@ -181,7 +191,8 @@ def test_a_blind_round_and_a_chat_at_once_each_reach_their_own_engines(
     prompt_b = "Tell me about the harbour in winter, in detail."
     root = vllm_server.base_url.removesuffix("/v1")
 
-    a = open_session(app, mode="blind", compare_backends=["vllm", "tgi"], **A_SETTINGS)
+    # Concurrent: both columns' requests run together (a sequential round would wait for the held one).
+    a = open_session(app, mode="blind", compare_backends=["vllm", "tgi"], run_order="concurrent", **A_SETTINGS)
     b = open_session(app, **B_SETTINGS)
     try:
         vllm_seen, embedded_seen = len(vllm_server.chat_requests()), len(embedded_requests(embedded_log))
@@ -195,9 +206,9 @@ def test_a_blind_round_and_a_chat_at_once_each_reach_their_own_engines(
             with held_vllm(root) as step_until:
                 round_a, reply_b = a.send(prompt_a), b.send(prompt_b)
                 run(tgi_server.wait_until_held(timeout_s=REPLY_TIMEOUT_S))
+                wait_for(lambda: reply_b.first_token_at_s is not None, "session B's first text")
                 # The round's two requests run on their engines while session B's reply is on screen.
-                step_until(lambda: engine_state(root).running_requests == 1 and reply_b.first_token_at_s is not None,
-                           timeout_s=REPLY_TIMEOUT_S)
+                step_until(lambda: engine_state(root).running_requests == 1, timeout_s=REPLY_TIMEOUT_S)
                 assert not round_a.done and not reply_b.done
                 (held,) = run(tgi_server.generations())[tgi_generations_seen:]
                 assert held["status"] == "running" and held["held"], held
