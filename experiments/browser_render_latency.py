@@ -105,7 +105,8 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def measure(page, paced, rates: list[float], tokens: int, repeats: int, *, floor: bool) -> list[tuple]:
+def measure(page, paced, rates: list[float], tokens: int, repeats: int, *, floor: bool,
+            first_token_s: float = 0.0) -> list[tuple]:
     """(rate, repeat, tokens, stream s, sent->socket ms, sent->DOM ms, sent->painted ms) per reply."""
     rows = []
     if floor:
@@ -115,7 +116,7 @@ def measure(page, paced, rates: list[float], tokens: int, repeats: int, *, floor
     page.evaluate(OBSERVER_JS)
     replies = 0
     for rate in rates:
-        paced.set_pace(rate, tokens)
+        paced.set_pace(rate, tokens, first_token_s=first_token_s)
         for repeat in range(1, repeats + 1):
             known = len(paced.requests())
             page.locator("#chat-input").fill(f"go {rate:g} {repeat}")
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--apps", default="floor,lab", help="floor (bare Chainlit), lab (this app), or both")
+    parser.add_argument("--first-token-ms", type=float, default=0.0,
+                        help="the server's TTFT (0: the reply streams while the page still draws the new message)")
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     apps = [name.strip() for name in args.apps.split(",") if name.strip()]
@@ -177,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                         page = context.new_page()
                         page.add_init_script(SOCKET_JS)
                         page.goto(app.url)
-                        results[name] = measure(page, paced, rates, args.tokens, args.repeats, floor=name == "floor")
+                        results[name] = measure(page, paced, rates, args.tokens, args.repeats, floor=name == "floor",
+                                                first_token_s=args.first_token_ms / 1000)
                         context.close()
                     finally:
                         if app is not None:
