@@ -40,7 +40,7 @@ GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAU
                     "DEFAULT_RUN_ORDER", "DEFAULT_REVEAL", "DATABASE_URL", "AUTH_USERS", "TEACHERS", "VOTES_PER_DAY",
                     "CHAINLIT_AUTH_SECRET", "LOGIN_FREE_FAILURES", "LOGIN_MAX_DELAY_S", "LOGIN_ADDRESS_FREE_FAILURES",
                     "LOGIN_ADDRESS_MAX_DELAY_S", "LAB_REPLICA_ID", "LAB_IMAGE_ORIGINS", "BLIND_OPEN_S", "CAPACITY_SLO", "CAPACITY_PERCENTILE",
-                    "LAB_TEST_EMBEDDED_HOLD_FILE", "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS", "DATABASE_CONNECT_TIMEOUT_S",
+                    "LAB_TEST_EMBEDDED_HOLD_FILE", "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS", "LAB_TEST_EMBEDDED_REQUEST_LOG", "DATABASE_CONNECT_TIMEOUT_S",
                     "DATABASE_STATEMENT_TIMEOUT_S", "LAB_OUTBOX_DIR", "LAB_OUTBOX_MAX_ROWS", "LAB_OUTBOX_MAX_BYTES",
                     "CACHE_LESSON_BACKENDS")
 # Tests only, off when unset: while the file it names exists, the embedded model holds each
@@ -49,6 +49,9 @@ GLOBAL_VARIABLES = ("BACKENDS", "DEFAULT_BACKEND", "DEFAULT_TEMPERATURE", "DEFAU
 TEST_HOLD_FILE_VARIABLE = "LAB_TEST_EMBEDDED_HOLD_FILE"
 # With it, the hold comes after this many tokens of each generation instead of before the first.
 TEST_HOLD_AFTER_TOKENS_VARIABLE = "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS"
+# Tests only, off when unset: the embedded model appends what each generation was asked (messages,
+# sampling, max tokens, seed) as one JSON line to this file, its request log (a server has its own).
+TEST_REQUEST_LOG_VARIABLE = "LAB_TEST_EMBEDDED_REQUEST_LOG"
 
 
 def load_env(path: str | os.PathLike | None = None) -> None:
@@ -86,7 +89,7 @@ class ChatDefaults:
     temperature: Bound = Bound(0.7, 0.0, 2.0, 0.05)
     top_p: Bound = Bound(0.95, 0.05, 1.0, 0.05)
     max_new_tokens: Bound = Bound(256, 16, 4096, 16)
-    # Empty by default: not sent, so each engine's own default applies (chainlit.md lists them).
+    # Empty by default: not sent, so each engine's own default applies (docs/engineers/figures.md lists them).
     top_k: OptionalBound = OptionalBound(None, 1, 1000, integer=True)
     min_p: OptionalBound = OptionalBound(None, 0.0, 1.0)
     repetition_penalty: OptionalBound = OptionalBound(None, 0.01, 10.0)

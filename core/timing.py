@@ -4,7 +4,7 @@ Wrap any backend stream in `TimedStream`; read `live()` while it runs and
 `finish()` once it ends. The chat UI and the benchmark both use this module,
 so their figures agree by construction.
 
-Definitions (the names follow `vllm bench serve`; `chainlit.md` maps them to
+Definitions (the names follow `vllm bench serve`; `docs/engineers/figures.md` maps them to
 GuideLLM's and GenAI-Perf/AIPerf's, which use the same words differently):
 - the clock starts just before the request is sent (first iteration of the
   prepared request's stream; all lookups happened before, in `prepare`), and

@@ -10,8 +10,9 @@ machine clock). It also counts the element updates the browser received per
 second of streaming: the whole round is one element update per tick, however
 many columns and tokens.
 
-Goal: every column's last token in the DOM within 100 ms of its arrival; the
-script exits 1 naming the rate at which it was missed.
+Goal: every column's last token in the DOM within 100 ms of its arrival, and
+within 50 ms with four columns at 500 tokens/s each; the script exits 1
+naming the rate at which it was missed.
 
 Run: `.venv/bin/python -m experiments.compare_render_latency [--columns 3] [--rates 100,300] [--tokens 300] [--repeats 3]`
 """
@@ -31,6 +32,8 @@ from servers.browser import launch_chromium
 from servers.paced_openai import start_paced_server
 
 GOAL_MS = 100.0
+# issue 21: four columns at 500 tokens/s each, every last token on the page within 50 ms
+GOALS_MS = {(4, 500.0): 50.0}
 REPLY_TIMEOUT_S = 120.0
 COUNT_UPDATES_JS = """
 (() => {
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for rate, repeat, delays, updates_per_s in rows:
         shown = " ".join(f"{dom:>6.0f}" for dom, _ in delays)
         print(f"{rate:>8g}  {repeat:>3}  {shown:>34}  {updates_per_s:>17.1f}")
-    print(f"\n{'tokens/s':>8}  {'median DOM ms':>13}  {'max DOM ms':>10}  {'max painted ms':>14}  goal: DOM <= {GOAL_MS:.0f} ms")
+    print(f"\n{'tokens/s':>8}  {'median DOM ms':>13}  {'max DOM ms':>10}  {'max painted ms':>14}  goal: DOM <= {GOALS_MS.get((args.columns, rates[0]), GOAL_MS):.0f} ms (per rate)")
     goals = []
     for rate in rates:
         dom = [d for row in rows if row[0] == rate for d, _ in row[2]]
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if dom:
             print(f"{rate:>8g}  {statistics.median(dom):>13.0f}  {max(dom):>10.0f}  {max(painted):>14.0f}")
         goals.append(at_most(f"every column's last token -> in the DOM at {rate:g} tokens/s, slowest of {len(dom)}",
-                             max(dom) if dom else None, GOAL_MS, unit="ms", digits=0))
+                             max(dom) if dom else None, GOALS_MS.get((args.columns, rate), GOAL_MS), unit="ms", digits=0))
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return exit_status(goals)
 

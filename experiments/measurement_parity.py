@@ -14,6 +14,9 @@ kind this prints, over `--requests` sequential requests:
 - decode rate ratio: shown decode tokens/s over the server's own pace between
   its first and last send, min and max. Goal: within 2 %.
 - exact counts: requests whose shown token count equals what the server sent.
+- ITL median: each request's median inter-token latency over the server's
+  pace (1000/rate ms), the median over the requests (a request whose tokens
+  came in bursts shows far under 1). Goal: within 50 %.
 
 Each kind's goals end in a verdict: the script exits 1 naming every missed
 goal (bench/verdict.py). A last row, not judged, measures the path the app used before (a new huggingface_hub
@@ -45,6 +48,7 @@ from servers.tgi_protocol import start_paced_tgi_server
 KINDS = ("openai", "vllm", "tgi messages", "tgi generate")
 TTFT_BIAS_GOAL_MS = 15.0  # the README's claim for every kind
 DECODE_RATE_TOLERANCE = 0.02  # shown decode tokens/s within 2 % of the server's pace
+ITL_MEDIAN_TOLERANCE = 0.5  # the requests' median inter-token latency within 50 % of the pace
 
 
 def row(label: str, biases_ms: list[float], ratios: list[float], exact: int, total: int) -> str:
@@ -52,9 +56,10 @@ def row(label: str, biases_ms: list[float], ratios: list[float], exact: int, tot
             f"{min(ratios):>8.4f} {max(ratios):>8.4f} {exact:>4}/{total}")
 
 
-def kind_goals(kind: str, biases_ms: list[float], ratios: list[float], exact: int, total: int) -> list[Goal]:
+def kind_goals(kind: str, biases_ms: list[float], ratios: list[float], exact: int, total: int,
+               itl_ratios: list[float] = ()) -> list[Goal]:
     """The goals one kind must meet: median TTFT bias within +15 ms, every request's decode rate
-    within 2 % of the server's pace, every token count exact."""
+    within 2 % of the server's pace, every token count exact, the requests' median ITL within 50 % of the pace."""
     return [
         at_most(f"{kind}: TTFT bias, median", statistics.median(biases_ms) if biases_ms else None,
                 TTFT_BIAS_GOAL_MS, unit="ms"),
@@ -63,6 +68,8 @@ def kind_goals(kind: str, biases_ms: list[float], ratios: list[float], exact: in
         within_ratio(f"{kind}: decode rate / server's pace, highest", max(ratios) if ratios else None,
                      DECODE_RATE_TOLERANCE, digits=4),
         all_of(f"{kind}: exact token counts", exact, total),
+        within_ratio(f"{kind}: ITL median / pace, median", statistics.median(itl_ratios) if itl_ratios else None,
+                     ITL_MEDIAN_TOLERANCE, digits=3),
     ]
 
 
@@ -121,16 +128,17 @@ async def main() -> int:
     try:
         for kind in KINDS:
             backend = backends[kind]
-            biases, ratios, exact = [], [], 0
+            biases, ratios, exact, itl_ratios = [], [], 0, []
             for index in range(args.requests):
                 _, record = await measure(backend, [ChatMessage("user", f"request {index}")], params)
+                itl_ratios.append(record.itl.median_ms / (1000 / args.rate) if record.itl else float("nan"))
                 sent = openai_server.requests()[-1] if kind in ("openai", "vllm") else await tgi_sent(tgi_server)
                 bias, ratio, same = compare(record, sent)
                 biases.append(bias)
                 ratios.append(ratio)
                 exact += same
             print(row(kind, biases, ratios, exact, args.requests))
-            goals += kind_goals(kind, biases, ratios, exact, args.requests)
+            goals += kind_goals(kind, biases, ratios, exact, args.requests, itl_ratios)
 
         biases, ratios, exact = [], [], 0
         for index in range(args.requests):

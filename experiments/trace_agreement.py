@@ -18,8 +18,8 @@ output tokens/s each within 5 % (ours / AIPerf's, on the mean of the runs). vLLM
 TPOT for each run's requests (its /metrics histograms) are printed beside both tools: the server's
 truth, which tells which tool a gap comes from.
 
-Run: `.venv/bin/python -m experiments.trace_agreement [--students 6] [--turns 4] [--runs 2]
-      [--base-url http://127.0.0.1:8001/v1]` (a --base-url server must run with VLLM_SERVER_DEV_MODE=1).
+Run: `.venv/bin/python -m experiments.trace_agreement [--students 6] [--turns 4] [--runs 2] [--pin]
+      [--base-url http://127.0.0.1:8001/v1]`; `--pin` runs the engine on CPU 0 and each tool on CPU 1 (a --base-url server must run with VLLM_SERVER_DEV_MODE=1).
 """
 
 from __future__ import annotations
@@ -94,9 +94,17 @@ def reset_prefix_cache(root_url: str) -> None:
         response.read()
 
 
+# With --pin: the engine on CPU 0, each measuring tool on CPU 1 (Linux `taskset`), so neither tool's own
+# processes take CPU from the engine it measures (on 2 shared cores AIPerf's did: vLLM's own TPOT was
+# 7-9 % higher while AIPerf ran than while `bench replay` did).
+ENGINE_CPUS = "0"
+TOOL_CPUS = "1"
+PIN: list[str] = []  # the prefix of each tool's command (set by --pin)
+
+
 def ours(base_url: str, trace_path: Path, out: Path) -> dict:
     env = {**os.environ, "BACKENDS": "vllm", **backend_env("vllm", kind="vllm", base_url=base_url, label="vLLM")}
-    result = subprocess.run([sys.executable, "-m", "bench", "replay", str(trace_path), "--backends", "vllm",
+    result = subprocess.run([*PIN, sys.executable, "-m", "bench", "replay", str(trace_path), "--backends", "vllm",
                              "--users", "x1", "--output", str(out)], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=900)
     if result.returncode != 0:
@@ -122,7 +130,7 @@ def aiperf(base_url: str, trace_path: Path, out: Path) -> dict:
     # Not HF_HUB_OFFLINE: AIPerf 0.13 then looks a tokenizer up in the hub's cache only, and a local
     # folder fails ("Repo id must be in the form 'repo_name'"); a folder path needs no network.
     env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
-    result = subprocess.run(command, cwd=out.parent, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([*PIN, *command], cwd=out.parent, env=env, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         raise RuntimeError(f"aiperf failed ({result.returncode}): {(result.stdout + result.stderr)[-3000:]}")
     export = next(out.rglob("profile_export_aiperf.json"))
@@ -180,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--base-url", help="a running vLLM (VLLM_SERVER_DEV_MODE=1) serving the bundled model")
     parser.add_argument("--keep", type=Path, help="keep the trace and both tools' files here")
+    parser.add_argument("--pin", action="store_true",
+                        help=f"the engine on CPU {ENGINE_CPUS}, the tools on CPU {TOOL_CPUS} (taskset; started here only)")
     args = parser.parse_args(argv)
+    if args.pin:
+        if args.base_url:
+            parser.error("--pin pins the vLLM it starts: leave out --base-url")
+        PIN[:] = ["taskset", "-c", TOOL_CPUS]
     if not AIPERF.is_file():
         print(f"AIPerf is not installed: create its own venv with `{AIPERF_SETUP}`.", file=sys.stderr)
         return 2
@@ -189,9 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     base_url = args.base_url
     if base_url is None:
         port = free_port()
-        server = ServerProcess("vllm-trace-agreement", server_command(
-            model=BUNDLED_MODEL_DIR, served_model_name=BUNDLED_MODEL_NAME, port=port, cpu=True),
-            env={**server_env(cpu=True), "VLLM_SERVER_DEV_MODE": "1"})
+        command = server_command(model=BUNDLED_MODEL_DIR, served_model_name=BUNDLED_MODEL_NAME, port=port, cpu=True)
+        env = {**server_env(cpu=True), "VLLM_SERVER_DEV_MODE": "1"}
+        if args.pin:
+            command = ["taskset", "-c", ENGINE_CPUS, *command]
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ENGINE_CPUS
+        server = ServerProcess("vllm-trace-agreement", command, env=env)
         server.start_serving(f"http://127.0.0.1:{port}/health", 600)
         base_url = f"http://127.0.0.1:{port}/v1"
     root = base_url.removesuffix("/v1")

@@ -5,6 +5,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 from config import REPO
 
 # Chainlit writes .chainlit/ and .files/ next to the app: keep that in the repo.
@@ -19,3 +21,28 @@ if "LAB_OUTBOX_DIR" not in os.environ:
 # Real servers, started and stopped by session fixtures.
 pytest_plugins = ["tests.fixtures_vllm", "tests.fixtures_tgi", "tests.fixtures_app", "tests.fixtures_postgres", "tests.fixtures_hall",
                   "tests.fixtures_llama_server"]
+
+
+# What each test uses, from the fixtures it requests (directly or through other fixtures): the
+# markers below are set here and nowhere else, so they cannot drift from what a test really uses
+# (a marker written by hand on a test or module is replaced by what its fixtures say).
+USES_MARKERS = {
+    "browser": {"chromium"},
+    "vllm": {"vllm_server", "vllm_installed"},
+    "llama_server": {"llama_server"},
+    "postgres": {"postgres_url", "own_cluster", "own_postgres", "hall"},
+}
+
+
+def uses_markers(fixture_names) -> list[str]:
+    """The USES_MARKERS names for a test requesting `fixture_names` (its whole fixture closure)."""
+    return [name for name, fixtures in USES_MARKERS.items() if fixtures & set(fixture_names)]
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by them
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for node in item.listchain():
+            node.own_markers[:] = [mark for mark in node.own_markers if mark.name not in USES_MARKERS]
+        for name in uses_markers(item.fixturenames):
+            item.add_marker(name)

@@ -82,9 +82,12 @@ def app_factory() -> Iterator[Callable[..., AppServer]]:
 
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
-    """A Playwright chromium browser shared by the tests of one module."""
+    """A Playwright chromium browser shared by the tests of one module. Without chromium the test
+    fails and says how to install it, like the vLLM, llama-server and PostgreSQL fixtures: a missing
+    real component is a failure, never a skip."""
     if not Path(CHROMIUM_PATH).exists():
-        pytest.skip(f"no chromium at {CHROMIUM_PATH} (install Debian's chromium or set CHROMIUM_PATH)")
+        pytest.fail(f"The browser tests need chromium: none at {CHROMIUM_PATH}. Run `bash scripts/setup.sh --test` "
+                    "(it installs Debian's chromium with apt) or set CHROMIUM_PATH.", pytrace=False)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

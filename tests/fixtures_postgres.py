@@ -23,6 +23,15 @@ def new_cluster() -> PostgresCluster:
         pytest.fail(str(missing), pytrace=False)
 
 
+@pytest.fixture
+def own_cluster():
+    """A started cluster of one test's own (a test that stops or pauses it must not touch the others');
+    removed after the test."""
+    cluster = new_cluster().start()
+    yield cluster
+    cluster.remove()
+
+
 @pytest.fixture(scope="session")
 def postgres_url():
     """postgresql://postgres:PASSWORD@127.0.0.1:PORT/postgres on a cluster that lives for the test session."""

@@ -79,6 +79,17 @@ class VLLMTestServer:
 
 
 @pytest.fixture(scope="session")
+def vllm_installed() -> None:
+    """For a test that starts (and kills) a vLLM of its own: fails, saying how to create it, without
+    `.venv-vllm`; converts the bundled model if needed."""
+    problem = missing_venv_message()
+    if problem:
+        pytest.fail(f"This test starts a vLLM of its own. {problem}", pytrace=False)
+    if not is_converted(BUNDLED_MODEL_DIR):
+        convert_bundled_model()
+
+
+@pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VLLMTestServer]:
     """A real vLLM server serving the bundled model, logging the bodies it receives."""
     problem = missing_venv_message()

@@ -26,7 +26,6 @@ def test_phases_alternate_abba_and_in_flight_is_busy_time_over_wall_time():
 
 
 @pytest.mark.slow
-@pytest.mark.vllm
 def test_both_paths_are_measured_with_counts_equal_to_vllms_own(tmp_path, vllm_base_url):
     result = subprocess.run(
         [sys.executable, "-m", "experiments.app_vs_direct", "--vllm-url", vllm_base_url, "--sessions", "2",

@@ -123,7 +123,7 @@ def test_ties_and_both_bad_tie_every_pair_and_odd_votes_are_not_counted():
     assert not any(b.counted or b.anony for b in named)
     set_apart = battles_from_vote(record("win", "A", comment="A is vLLM", unrated_reason="comment_names_backend"),
                                   CATALOGUE)
-    assert all(b.anony and not b.rated and not b.counted for b in set_apart)
+    assert set_apart and all(b.anony and not b.rated and not b.counted for b in set_apart)
 
 
 def test_battles_go_back_to_the_rounds_they_came_from():

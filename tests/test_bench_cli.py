@@ -26,7 +26,6 @@ def run_bench(env: dict[str, str], *args: str, timeout_s: float = 600) -> subpro
 
 
 @pytest.mark.slow
-@pytest.mark.vllm
 def test_the_cli_measures_three_engines_and_writes_four_consistent_files(tmp_path, vllm_base_url, tgi_server):
     env = {"BACKENDS": "llama_cpp,vllm,tgi,down", "VLLM_BASE_URL": vllm_base_url, "TGI_BASE_URL": tgi_server.url,
            **backend_env("down", kind="openai", base_url=closed_loopback_url(), label="Down server")}

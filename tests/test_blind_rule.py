@@ -28,6 +28,7 @@ from store import StoreError
 from store.records import UNRATED_SHOWN_BEFORE_VOTE
 from tests.fakes import FakeBackend, FakeReply, fake_state
 from ui.browser_id import COOKIE, BrowserId, browser_id
+from tests.virtual_time import run_in_virtual_time
 
 WORDS = [f"w{i} " for i in range(40)]
 
@@ -244,21 +245,28 @@ async def test_a_person_never_read_is_unsure_while_the_database_cannot_say_and_k
     assert not rule.unsure and rule.waiting_rounds == 1  # read once: the last answer holds meanwhile
 
 
-async def test_a_slow_read_holds_a_view_at_most_the_wait_and_counts_as_unsure_meanwhile():
-    release = asyncio.Event()
+def test_a_slow_read_holds_a_view_at_most_the_wait_and_counts_as_unsure_meanwhile():
+    """On a virtual clock (tests/virtual_time.py): the view waits exactly its 0.2 s for a read that
+    has not answered, then goes on unsure; the read's answer, when it comes, settles the rule."""
 
-    async def read(person):
-        await release.wait()
-        return {}
+    async def main():
+        release = asyncio.Event()
 
-    book = DisclosureBook(read)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    rule = await book.current("user:alice", wait_s=0.2)
-    assert loop.time() - started < 1.0 and rule.unsure
-    release.set()
-    await asyncio.sleep(0.05)
-    assert not rule.unsure
+        async def read(person):
+            await release.wait()
+            return {}
+
+        book = DisclosureBook(read)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        rule = await book.current("user:alice", wait_s=0.2)
+        held_s, unsure_while_held = loop.time() - started, rule.unsure
+        release.set()
+        await asyncio.sleep(0.05)
+        return held_s, unsure_while_held, rule.unsure
+
+    held_s, unsure_while_held, unsure_after = run_in_virtual_time(main())
+    assert held_s == pytest.approx(0.2) and unsure_while_held and not unsure_after
 
 
 async def test_the_deployment_is_open_while_anyone_has_a_round_here_or_in_the_database():

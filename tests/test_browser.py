@@ -245,8 +245,14 @@ def test_live_ttft_and_tokens_per_s_follow_the_stream_then_show_the_exact_final_
     assert len({rate for _, rate in rates}) >= 3, rates  # the value itself moves while streaming
     assert max(before_pause) > 12, rates  # about 20 tokens/s before the pause (generous: a busy machine)
     assert after_pause[0] < max(before_pause) * 0.75, rates  # the pause shows at the first token after it
-    # The final rate is the whole reply's: 39 gaps over ~1.95 s of pacing plus the 1.5 s pause.
-    assert number(final["rate"]) == pytest.approx(39 / 3.45, rel=0.3), final
+    # The final figures against the server's own record of what it sent: exactly its 40 tokens, and
+    # the whole reply's rate (39 gaps over ~1.95 s of pacing plus the 1.5 s pause) as the server's
+    # own send times give it, within 10% (the browser lags the server by ~15 ms at the last token).
+    sent = paced_server.requests()[-1]
+    assert sent["tokens_sent"] == 40 and sent["completed"], sent
+    assert number(final["tokens"]) == 40, final
+    true_rate = 39 / (sent["last_token_sent_at_s"] - sent["first_token_sent_at_s"])
+    assert number(final["rate"]) == pytest.approx(true_rate, rel=0.1), (final, true_rate)
 
 
 def test_switching_backend_applies_to_the_next_reply(page: Page, lab_app: AppServer, paced_server: PacedServer):
@@ -513,7 +519,8 @@ def test_finished_reply_opens_its_timeline_with_the_gap_chart_and_the_stored_fig
     import numpy
 
     assert itl["p90_ms"] == pytest.approx(numpy.percentile(gaps_ms, 90))
-    assert itl["median_ms"] == pytest.approx(20.0, rel=0.25)
+    # (How close the median comes to the server's 20 ms pace is a speed goal: experiments/measurement_parity.py.)
+    assert itl["median_ms"] == pytest.approx(numpy.median(gaps_ms))
     # The server's own count sits beside ours, named by its source.
     expect(timeline.locator('[data-testid="metrics-server"]')).to_contain_text(f"{PACED_LABEL} usage")
     expect(timeline.locator('[data-testid="metrics-sent"]')).to_contain_text("temperature=0")

@@ -12,12 +12,15 @@ from servers.paced_openai import start_paced_server
 from tests.fixtures_app import stored_when
 from tests.test_engines_browser import command, open_chat
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def two_slot_engine():
-    paced = start_paced_server(rate_tokens_per_s=50, tokens=30, name="paced-capacity-browser")
+    """2 slots, 1 s a reply (20 tokens at 20/s): 1 and 2 people get their first token at once, and from
+    4 people on most requests wait a whole reply. The objective below (TTFT under 500 ms, 200 ms a
+    token) sits half a reply from both, so the answer (2 people) is fixed by the construction."""
+    paced = start_paced_server(rate_tokens_per_s=20, tokens=20, name="paced-capacity-browser")
     paced.set_faults(slots=2)
     yield paced
     paced.stop()
@@ -26,7 +29,7 @@ def two_slot_engine():
 def test_a_teacher_sweeps_capacity_live_and_finds_the_answer_stored(page: Page, app_factory, two_slot_engine):
     app = app_factory({"BACKENDS": "paced", **backend_env("paced", kind="openai", base_url=two_slot_engine.base_url,
                                                           label="Paced"),
-                       "CAPACITY_SLO": "ttft_ms=300,tpot_ms=40", "DEFAULT_SYSTEM_PROMPT": "none"},
+                       "CAPACITY_SLO": "ttft_ms=500,tpot_ms=200", "DEFAULT_SYSTEM_PROMPT": "none"},
                       name="chainlit-capacity")
     open_chat(page, app)
     command(page, "/engines")
@@ -53,7 +56,7 @@ def test_a_teacher_sweeps_capacity_live_and_finds_the_answer_stored(page: Page, 
         (level["level"], level["duration"], level["output_throughput"], level["saturation"]) for level in levels]
     expect(sweep.locator('[data-testid="sweep-level"]')).to_have_count(len(measured))
     expect(sweep.locator('[data-testid="sweep-chart-ttft"] circle')).to_have_count(2 * len(measured))  # p50, p90
-    answer = ("Paced: up to 2 people at once keep TTFT under 300 ms and at least 25 tokens/s each for 90% of "
+    answer = ("Paced: up to 2 people at once keep TTFT under 500 ms and at least 5 tokens/s each for 90% of "
               f"replies; it saturates near {measured[-2]:g}; the limit is the queue")
     expect(sweep.locator('[data-testid="sweep-answer"]')).to_contain_text(answer)
     expect(page.locator(".step", has_text="Capacity sweep done.").last).to_contain_text(answer)

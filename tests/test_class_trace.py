@@ -76,6 +76,7 @@ def test_with_texts_its_lines_carry_messages_without_them_lengths_and_hash_ids_a
     without = [json.loads(line) for line in
                trace_jsonl(trace_from_replies(replies, tokenizer.tokens, texts=False)).splitlines()]
     # AIPerf's mooncake_trace takes either messages or input_length/hash_ids, never both.
+    assert with_texts and len(without) == len(with_texts)
     assert all("messages" in line and "input_length" not in line and "hash_ids" not in line for line in with_texts)
     assert all("messages" not in line and line["input_length"] >= 1 and line["hash_ids"] for line in without)
     assert all(line["serving_lab"]["hash_ids"] for line in with_texts)
@@ -126,7 +127,8 @@ async def test_a_replay_keeps_each_conversations_turns_in_order_and_at_their_tim
     # Turn 2 was due at 100 ms, but its turn 1 took ~300 ms: it left after that reply ended.
     assert starts[(0, 2)] >= ends[(0, 1)] - 0.01
     assert starts[(1, 1)] - first >= 0.045  # c2 at its own time
-    assert all(request.params.ignore_eos and request.params.max_new_tokens == 3 for request in backend.requests)
+    assert backend.requests and all(request.params.ignore_eos and request.params.max_new_tokens == 3
+                                    for request in backend.requests)
 
 
 def test_the_answer_reads_like_the_capacity_sweep(tokenizer):

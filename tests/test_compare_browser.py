@@ -10,6 +10,7 @@ cluster) in the restart test.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Iterator
@@ -368,6 +369,7 @@ def test_blind_round_sends_no_names_until_the_vote_then_reveals_and_counts_it(
         assert word not in final["html"], f"{word!r} is in the blind round's element"
         offenders = [frame[:60] for frame in frames["received"][received_before:] if word in frame]
         assert not offenders, f"{word!r} was sent to the browser before the vote, in {offenders}"
+    assert len(final["columns"]) == 3, final["columns"]
     assert all(c["backend"] is None and c["tokens"] is None for c in final["columns"])
     assert all(c["state"] == "completed" and c["text"].strip() for c in final["columns"])
 
@@ -582,4 +584,19 @@ def test_the_leaderboard_holds_apart_speed_length_and_style_filters_views_and_ex
     send(page, "/leaderboard category=nope")
     expect(page.locator(".step", has_text="There is no category “nope”").last).to_be_visible()
     page.get_by_role("button", name="Export votes (JSONL)").last.click()
-    expect(page.locator(".step", has_text="2 vote(s) as 2 pairwise battle(s)").last).to_be_visible()
+    exported = page.locator(".step", has_text="2 vote(s) as 2 pairwise battle(s)").last
+    expect(exported).to_be_visible()
+    # The exported file itself, downloaded as a person would: one battle per vote, as voted.
+    link = exported.get_by_role("link", name=re.compile(r"votes-\d{4}-\d\d-\d\d\.jsonl"))
+    expect(link).to_be_visible()
+    lines = [json.loads(line) for line in page.request.get(link.get_attribute("href")).text().splitlines()]
+    by_round = {line["round_id"]: line for line in lines}
+    assert len(lines) == 2 and set(by_round) == {set_round.id, typed_round.id}, lines
+    tied, named_line = by_round[set_round.id], by_round[typed_round.id]
+    assert tied["winner"] == "tie" and tied["rated"] and tied["category"] == category and tied["reveal"] == "pace"
+    assert tied["conversation_a"][0] == {"role": "user", "content": set_round.prompt}
+    assert named_line["winner"] == "model_a" and not named_line["rated"]
+    assert named_line["unrated_reason"] == "comment_names_backend"
+    assert named_line["comment"] == "A must be the Left engine" and named_line["category"] == "free"
+    assert named_line["conversation_a"][0] == {"role": "user", "content": "Which engine is this?"}
+    assert all(line["anony"] for line in lines)

@@ -86,7 +86,6 @@ def test_ttft_by_turn_shows_what_the_cache_took():
 
 
 @pytest.mark.slow
-@pytest.mark.vllm
 def test_bench_with_conversations_reports_ttft_by_turn_and_later_turns_come_from_vllms_cache(tmp_path, vllm_base_url):
     env = {"BACKENDS": "vllm", **backend_env("vllm", kind="vllm", base_url=vllm_base_url, label="vLLM")}
     result = subprocess.run([sys.executable, "-m", "bench", "--backends", "vllm", "--conversations", "en",

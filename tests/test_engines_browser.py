@@ -15,7 +15,7 @@ from tests.fixtures_app import stored_when
 from tests.fixtures_vllm import held_vllm
 from tests.test_vllm_backend import engine_state
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 READY_TIMEOUT_MS = 180_000
 
@@ -51,7 +51,6 @@ def as_int(value: str | None) -> int:
     return int(value) if value not in (None, "") else -1
 
 
-@pytest.mark.vllm
 def test_vllm_panel_moves_under_simulated_load_and_back(page: Page, app_factory, vllm_base_url):
     app = app_factory({"BACKENDS": "vllm", "VLLM_BASE_URL": vllm_base_url, "DEFAULT_SYSTEM_PROMPT": "none",
                        "DEFAULT_MAX_NEW_TOKENS": "32"}, name="chainlit-engines-vllm")

@@ -20,13 +20,12 @@ import re
 import secrets
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from backends.errors import REDACTED
-from scripts.vllm_launch import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, missing_venv_message, server_command, server_env
+from scripts.vllm_launch import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, server_command, server_env
 from servers.app import AppServer, backend_env
 from servers.paced_openai import start_paced_server
 from servers.process import ServerProcess, free_port
@@ -35,7 +34,7 @@ from tests.fixtures_vllm import held_vllm
 from tests.test_browser import SNAPSHOT_JS, new_reply_id, send, watch_reply
 from tests.browser_frames import collect_frames, drain_frames
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 READY_TIMEOUT_MS = 180_000
 VLLM_START_TIMEOUT_S = 300.0
@@ -175,12 +174,7 @@ def start_vllm(port: int, name: str) -> ServerProcess:
     return server
 
 
-@pytest.mark.vllm
-def test_vllm_killed_mid_reply_then_restarted_on_the_same_port(app_factory, page: Page):
-    problem = missing_venv_message()
-    if problem or not Path(BUNDLED_MODEL_DIR).is_dir():
-        pytest.fail(f"This test starts (and kills) a vLLM of its own. {problem or 'No converted model.'}",
-                    pytrace=False)
+def test_vllm_killed_mid_reply_then_restarted_on_the_same_port(app_factory, page: Page, vllm_installed):
     port = free_port()
     servers = [start_vllm(port, "vllm-faults")]
     try:

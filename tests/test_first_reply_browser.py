@@ -16,7 +16,7 @@ from experiments.first_reply_browser import biases_in_browser
 from servers.app import backend_env
 from servers.paced_openai import start_paced_server
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 FIRST_TOKEN_S = 0.4
 SAFETY_BOUND_MS = 25.0

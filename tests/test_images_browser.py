@@ -25,7 +25,7 @@ from servers.paced_openai import PacedServer
 from tests.test_browser import new_reply_id, send, watch_reply
 from tests.test_compare_browser import SNAPSHOT_JS as ROUND_JS, change_settings
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PACED_MODEL = "paced-test-model"
 READY_TIMEOUT_MS = 120_000

@@ -27,7 +27,7 @@ from servers.paced_openai import PacedServer, start_paced_server
 from tests.test_browser import REPLY_TIMEOUT_MS, new_reply_id, send, watch_reply
 from tests.test_compare_browser import change_settings
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PACED_MODEL = "paced-test-model"
 READY_TIMEOUT_MS = 120_000

@@ -19,7 +19,7 @@ from core.replica import REPLICA_HEADER
 from tests.fixtures_hall import PASSWORDS, Hall
 from tests.test_reports_browser import log_in, wait_ready
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 ASSISTANT = '.step[data-step-type="assistant_message"]'
 
 

@@ -1,11 +1,24 @@
-"""Rendering a reply: coalesced text, throttled figures, stop and errors (fake backend)."""
+"""Rendering a reply: coalesced text, throttled figures, stop and errors (fake backend).
+
+The paced fake streams on a virtual clock (tests/virtual_time.py), and the reply is timed on that
+clock: every interval, count and rate below is known by construction and asserted exactly, however
+busy the machine is. How fast a real browser draws is measured by experiments/browser_render_latency.py.
+"""
 
 import asyncio
+
+import pytest
 
 from backends.base import StreamChunk
 from backends.errors import BackendOverloaded
 from ui.live import LiveReply
 from core.timing import TimedStream
+from tests.virtual_time import run_in_virtual_time
+
+
+def timed(stream) -> TimedStream:
+    """A reply timed on the running loop's clock (virtual in these tests)."""
+    return TimedStream(stream, backend="Fake", model="m", clock=asyncio.get_running_loop().time)
 
 
 class FakeMessage:
@@ -40,41 +53,57 @@ async def paced(tokens: int, rate_per_s: float, *, fail_after: int | None = None
             closed.append(True)
 
 
-async def test_fast_stream_is_coalesced_and_complete():
-    message, metrics = FakeMessage(), FakeMetrics()
-    timed = TimedStream(paced(300, 500), backend="Fake", model="m")
-    outcome = await LiveReply(timed, message, metrics).run()
+def test_fast_stream_is_coalesced_and_complete():
+    async def main():
+        message, metrics = FakeMessage(), FakeMetrics()
+        outcome = await LiveReply(timed(paced(300, 500)), message, metrics).run()
+        return message, metrics, outcome
+
+    message, metrics, outcome = run_in_virtual_time(main())
     expected = "".join(f"{i} " for i in range(300))
     assert outcome.text == expected and "".join(t for _, t in message.emits) == expected
-    # ~0.6 s of streaming at one UI update per 40 ms: a few dozen emits, not 300.
-    assert len(message.emits) < 60
+    # 0.6 s of streaming: the first text at once, two drawings 40 ms apart until 20 chunks came in
+    # one interval, then one every 100 ms, and the rest when the stream ended: 9 drawings, not 300.
+    assert len(message.emits) == 9
+    assert message.emits[0] == (pytest.approx(0.002), "0 ") and message.emits[-1][0] == pytest.approx(0.6)
     assert outcome.record.output_tokens == 300 and outcome.record.status == "completed"
     assert metrics.props["state"] == "completed" and metrics.props["tokens"] == 300
 
 
-async def test_last_token_is_shown_soon_after_it_arrives():
-    message, metrics = FakeMessage(), FakeMetrics()
-    loop = asyncio.get_running_loop()
-    arrived = {}
+def test_the_last_text_is_drawn_the_moment_the_stream_ends_not_an_interval_later():
+    async def main():
+        message, metrics = FakeMessage(), FakeMetrics()
+        loop = asyncio.get_running_loop()
+        arrived = {}
 
-    async def stream():
-        async for chunk in paced(50, 500):
-            arrived["last"] = loop.time()
-            yield chunk
+        async def stream():
+            async for chunk in paced(50, 500):
+                arrived["last"] = loop.time()
+                yield chunk
 
-    await LiveReply(TimedStream(stream(), backend="Fake", model="m"), message, metrics).run()
-    assert message.emits[-1][0] - arrived["last"] < 0.1
+        await LiveReply(timed(stream()), message, metrics).run()
+        return message, arrived
+
+    message, arrived = run_in_virtual_time(main())
+    # The drawing before the last one was under an interval earlier: the text loop was still
+    # waiting out its interval when the stream ended, and the end drew at once anyway.
+    assert message.emits[-1][0] - message.emits[-2][0] < 0.04
+    assert message.emits[-1][0] == arrived["last"]
 
 
-async def test_metrics_refresh_about_ten_times_per_second_while_streaming():
-    message, metrics = FakeMessage(), FakeMetrics()
-    timed = TimedStream(paced(40, 50), backend="Fake", model="m")  # ~0.8 s
-    await LiveReply(timed, message, metrics).run()
+def test_metrics_refresh_ten_times_per_second_while_streaming_with_the_live_rate():
+    async def main():
+        message, metrics = FakeMessage(), FakeMetrics()
+        await LiveReply(timed(paced(40, 50)), message, metrics).run()  # 0.8 s
+        return metrics
+
+    metrics = run_in_virtual_time(main())
     live = [u for u in metrics.updates if u["state"] == "streaming"]
-    assert 4 <= len(live) <= 12
-    rates = [u["tokensPerS"] for u in live if u["tokensPerS"] is not None]
-    assert rates and all(20 < r < 80 for r in rates[1:])  # live figure tracks the 50 tok/s pace
-    assert [u["tokens"] for u in live] == sorted(u["tokens"] for u in live)
+    assert len(live) == 8  # one every 100 ms of the 0.8 s
+    assert [u["tokensPerS"] for u in live] == [pytest.approx(50.0)] * 8  # the 50 tokens/s pace
+    tokens = [u["tokens"] for u in live]
+    assert tokens == sorted(tokens)
+    assert all(abs(count - 5 * (index + 1)) <= 1 for index, count in enumerate(tokens)), tokens  # 5 per 100 ms
 
 
 async def test_backend_error_keeps_partial_text_and_is_returned():
@@ -88,64 +117,76 @@ async def test_backend_error_keeps_partial_text_and_is_returned():
     assert closed == [True]
 
 
-async def test_stop_closes_the_backend_stream_and_marks_the_figures_stopped():
-    message, metrics = FakeMessage(), FakeMetrics()
-    closed = []
-    timed = TimedStream(paced(1000, 100, closed=closed), backend="Fake", model="m")
-    task = asyncio.create_task(LiveReply(timed, message, metrics).run())
-    await asyncio.sleep(0.3)
-    task.cancel()  # what Chainlit does when the user presses Stop
-    outcome = await task
+def test_stop_closes_the_backend_stream_and_marks_the_figures_stopped():
+    async def main():
+        message, metrics = FakeMessage(), FakeMetrics()
+        closed = []
+        task = asyncio.create_task(LiveReply(timed(paced(1000, 100, closed=closed)), message, metrics).run())
+        await asyncio.sleep(0.3)
+        task.cancel()  # what Chainlit does when the user presses Stop
+        return await task, metrics, closed
+
+    outcome, metrics, closed = run_in_virtual_time(main())
     assert outcome.record.status == "stopped" and closed == [True]
-    assert 5 < outcome.record.output_tokens < 100
-    assert outcome.text and metrics.props["state"] == "stopped"
+    # 0.3 s at 100 tokens/s: the 30th token was due at the very moment of the Stop and never shown.
+    assert outcome.record.output_tokens == 29
+    assert outcome.text == "".join(f"{i} " for i in range(29)) and metrics.props["state"] == "stopped"
 
 
-async def test_timeline_starts_with_the_request_sent_then_first_byte_then_first_text():
-    message, metrics = FakeMessage(), FakeMetrics()
-    await LiveReply(TimedStream(paced(5, 200), backend="Fake", model="m"), message, metrics).run()
-    timeline = metrics.props["timeline"]
+def test_timeline_starts_with_the_request_sent_then_first_byte_then_first_text():
+    async def main():
+        message, metrics = FakeMessage(), FakeMetrics()
+        await LiveReply(timed(paced(5, 200)), message, metrics).run()
+        return metrics.props["timeline"]
+
+    timeline = run_in_virtual_time(main())
     marks = [timeline[name] for name in ("requestSentMs", "firstByteMs", "firstTokenMs", "lastChunkMs", "totalMs")]
-    assert marks[0] == 0.0  # the clock starts as the request leaves
-    assert marks == sorted(marks) and marks[2] > marks[1]  # the first text came one token after the role chunk
+    # The clock starts as the request leaves; the role chunk comes at once, each token 5 ms later.
+    assert marks == [0.0, 0.0, pytest.approx(5.0), pytest.approx(25.0), pytest.approx(25.0)]
+    assert timeline["chunkTimesMs"] == [pytest.approx(ms) for ms in (5.0, 10.0, 15.0, 20.0, 25.0)]
 
 
-async def test_the_first_text_is_shown_at_once_and_later_text_is_coalesced():
+def test_the_first_text_is_shown_at_once_and_later_text_is_coalesced():
     """Text after a quiet spell goes to the browser as it arrives (a class's first text was held up
     to an interval); text arriving right after is held for the interval and sent together."""
-    message, metrics = FakeMessage(), FakeMetrics()
-    loop = asyncio.get_running_loop()
-    arrived = {}
 
-    async def stream():
-        yield StreamChunk("", 0)
-        await asyncio.sleep(0.05)
-        arrived["first"] = loop.time()
-        yield StreamChunk("first ", 1)
-        for i in range(5):
-            await asyncio.sleep(0.01)
-            yield StreamChunk(f"{i} ", 1)
-        yield StreamChunk(finish_reason="stop", token_count=0)
+    async def main():
+        message, metrics = FakeMessage(), FakeMetrics()
+        loop = asyncio.get_running_loop()
+        arrived = {}
 
-    await LiveReply(TimedStream(stream(), backend="Fake", model="m"), message, metrics,
-                    text_interval_s=0.5).run()
-    assert message.emits[0][1] == "first " and message.emits[0][0] - arrived["first"] < 0.02
-    # The rest came within the 0.5 s interval: held, then sent together when the stream ended.
-    assert [text for _, text in message.emits] == ["first ", "0 1 2 3 4 "]
+        async def stream():
+            yield StreamChunk("", 0)
+            await asyncio.sleep(0.05)
+            arrived["first"] = loop.time()
+            yield StreamChunk("first ", 1)
+            for i in range(5):
+                await asyncio.sleep(0.01)
+                yield StreamChunk(f"{i} ", 1)
+            yield StreamChunk(finish_reason="stop", token_count=0)
+
+        await LiveReply(timed(stream()), message, metrics, text_interval_s=0.5).run()
+        return message, arrived
+
+    message, arrived = run_in_virtual_time(main())
+    assert message.emits[0] == (arrived["first"], "first ")
+    # The rest came within the 0.5 s interval: held, then sent together when the stream ended (50 ms on).
+    assert message.emits[1] == (pytest.approx(arrived["first"] + 0.05), "0 1 2 3 4 ")
+    assert len(message.emits) == 2
 
 
-async def test_a_stream_faster_than_anyone_reads_is_drawn_less_often():
+def test_a_stream_faster_than_anyone_reads_is_drawn_less_often():
     """Past FAST_CHUNKS chunks per interval the text goes at most every FAST_TEXT_INTERVAL_S (each
     drawing re-renders the whole message in the browser); a slow stream keeps the short interval."""
     from ui.live import FAST_TEXT_INTERVAL_S, TEXT_INTERVAL_S
 
     async def draws(tokens: int, rate: float) -> list[float]:
         message, metrics = FakeMessage(), FakeMetrics()
-        await LiveReply(TimedStream(paced(tokens, rate), backend="Fake", model="m"), message, metrics).run()
+        await LiveReply(timed(paced(tokens, rate)), message, metrics).run()
         times = [at for at, _ in message.emits]
         return [b - a for a, b in zip(times[1:], times[2:-1])]  # between drawings, first and last aside
 
-    fast = await draws(600, 2000)
-    slow = await draws(20, 50)
-    assert fast and min(fast) >= FAST_TEXT_INTERVAL_S * 0.9, fast
-    assert slow and max(slow) < FAST_TEXT_INTERVAL_S * 0.9 and min(slow) >= TEXT_INTERVAL_S * 0.9, slow
+    fast = run_in_virtual_time(draws(600, 2000))
+    slow = run_in_virtual_time(draws(20, 50))
+    assert fast == [pytest.approx(FAST_TEXT_INTERVAL_S)] * 2, fast
+    assert slow == [pytest.approx(TEXT_INTERVAL_S)] * 8, slow

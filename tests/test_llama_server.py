@@ -16,7 +16,6 @@ import pytest
 
 from scripts.llama_server_launch import DEFAULT_CTX, LLAMA_SERVER_VERSION
 
-pytestmark = pytest.mark.llama_server
 
 MESSAGES = [{"role": "user", "content": "Write a long story about a cat."}]
 METRICS = (

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from core.streaming import measure
 from core.timing import TimedStream
 from tests.fakes import fake_state
 from servers.app import backend_env
+from tests.controls import reaches_the_cap
 from tests.fixtures_app import closed_loopback_url
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings"
@@ -217,9 +219,19 @@ async def test_the_settings_sent_are_the_ones_its_slot_uses(backend, llama_serve
         assert await _idle(llama_server)
 
 
+STOP_CAP = 200  # the control run writes all of them: keep it short on a busy machine
+
+
 @pytest.mark.llama_server
 async def test_stop_frees_its_slot_and_the_snapshot_shows_it_busy_then_idle(backend, llama_server):
-    request = await backend.prepare(STORY, GenerationParams(max_new_tokens=1500))
+    """The control run shows this story, greedy, left alone, runs to STOP_CAP tokens. The server is
+    then held (SIGSTOP: frozen mid-reply, so it cannot finish first however fast it is) while Stop
+    closes the stream; let go (SIGCONT), it ends the request at its next write: its slot is idle and
+    it decoded far fewer than the cap."""
+    params = GenerationParams(temperature=0.0, max_new_tokens=STOP_CAP)
+    await reaches_the_cap(backend, STORY, params)
+    decodes_before = _metric(llama_server, "llamacpp:n_decode_total")
+    request = await backend.prepare(STORY, params)
     timed = TimedStream(backend.stream(request), backend=backend.label, model=request.model)
     texts = 0
     async for chunk in timed:
@@ -227,7 +239,12 @@ async def test_stop_frees_its_slot_and_the_snapshot_shows_it_busy_then_idle(back
         if texts == 5:
             break
     busy = await backend.engine_snapshot()
-    await timed.aclose()  # the user's Stop
+    pid = llama_server.process.process.pid
+    os.kill(pid, signal.SIGSTOP)  # hold the engine mid-reply
+    try:
+        await timed.aclose()  # the user's Stop
+    finally:
+        os.kill(pid, signal.SIGCONT)
     stopped_at = time.monotonic()
     record = timed.finish("stopped")
     assert busy.running_requests == 1
@@ -235,6 +252,9 @@ async def test_stop_frees_its_slot_and_the_snapshot_shows_it_busy_then_idle(back
     assert await _idle(llama_server, timeout_s=5.0), "the slot was still busy 5 s after Stop"
     print(f"llama-server: slot idle {time.monotonic() - stopped_at:.2f} s after Stop")
     assert record.tokens_exact and record.output_tokens >= 5
+    # One decode for the prompt, one per generated token: Stop ended it well before the cap.
+    decoded = _metric(llama_server, "llamacpp:n_decode_total") - decodes_before
+    assert record.output_tokens <= decoded < STOP_CAP, (record.output_tokens, decoded)
     idle = await backend.engine_snapshot()
     assert idle.running_requests == 0
 

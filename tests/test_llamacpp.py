@@ -61,31 +61,37 @@ async def test_chinese_streams_without_broken_characters(llama):
 LONG_STORY = "Write a very long story about a dragon and a knight."
 
 
-async def test_stop_ends_generation_at_the_next_token(llama):
+async def test_stop_ends_generation_at_the_next_token(llama, monkeypatch, tmp_path):
+    """The engine is held after its 5th token (the test-only hold, so the reader cannot fall behind
+    on any machine); Stop lets the worker go and it ends at the next token: that token is never
+    counted or sent, and nothing is generated afterwards. The control run shows that, left alone,
+    the same request writes to its cap."""
     cap = 400
-    await reaches_the_cap(llama, ask(LONG_STORY), GenerationParams(temperature=0.0, max_new_tokens=cap))
+    params = GenerationParams(temperature=0.0, max_new_tokens=cap)
+    await reaches_the_cap(llama, ask(LONG_STORY), params)
+    hold = tmp_path / "hold"
+    monkeypatch.setenv("LAB_TEST_EMBEDDED_HOLD_FILE", str(hold))
+    monkeypatch.setenv("LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS", "5")
+    hold.touch()
     generated_before = llama.model.generated_tokens_total
-    timed = TimedStream(prepared_stream(llama, ask(LONG_STORY), GenerationParams(temperature=0.0, max_new_tokens=cap)),
-                        backend="l", model="m")
+    timed = TimedStream(prepared_stream(llama, ask(LONG_STORY), params), backend="l", model="m")
     tokens = 0
     async for chunk in timed:
         tokens += chunk.token_count or 0
         if tokens >= 5:
             break
+    assert llama.model.generated_tokens_total - generated_before == 5  # held: the worker is at token 5
     started = time.perf_counter()
     await timed.aclose()  # what Stop does: it returns once the worker has let go of the model
-    # Only a safety bound: one token takes ~20 ms here, but seconds when other llama.cpp processes
-    # fight over the cores (seen). The counts below are what shows Stop acted, on any machine.
-    closing_s = time.perf_counter() - started
-    assert closing_s < 15.0, closing_s
-    assert llama.model.waiting == 0  # the model is free for the next request
-    # The model's own count: the worker ran ahead of the reader, but stopped long before the cap
-    # (without Stop it would have generated all of them), and nothing is generated afterwards.
-    generated = llama.model.generated_tokens_total - generated_before
-    assert tokens <= generated < cap, generated
+    # Only a safety bound (seconds when other llama.cpp processes fight over the cores).
+    assert time.perf_counter() - started < 15.0
+    assert llama.model.waiting == 0 and hold.exists()  # Stop ended the hold, not the file
+    # The model's own count: the 5 tokens read, none after Stop (the next one was sampled, not kept).
+    assert llama.model.generated_tokens_total - generated_before == tokens == 5
     await asyncio.sleep(0.2)
-    assert llama.model.generated_tokens_total - generated_before == generated
-    text, record = await measure(llama, ask("Say hi."), GenerationParams(max_new_tokens=4))
+    assert llama.model.generated_tokens_total - generated_before == 5
+    monkeypatch.delenv("LAB_TEST_EMBEDDED_HOLD_FILE")
+    _, record = await measure(llama, ask("Say hi."), GenerationParams(max_new_tokens=4))
     assert record.output_tokens >= 1
 
 

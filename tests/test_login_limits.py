@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -18,7 +19,7 @@ from core.login_limits import (CLEAN, DEVICE, SUSPECT, Busy, DeviceCookies, Hash
 from store import Store, normalise_url
 from store.db import create_engine
 from store.login_attempts import FallbackAttempts, LocalAttempts, SharedAttempts
-from tests.fixtures_postgres import new_cluster, new_postgres_database
+from tests.fixtures_postgres import new_postgres_database
 
 SECRET = "test-secret"
 
@@ -314,29 +315,31 @@ async def test_a_cancelled_attempt_gives_its_turn_back():
 
 
 async def test_the_password_check_runs_off_the_event_loop():
-    auth = AuthConfig({"alice": hash_password("right", iterations=400_000)})
+    """A check held until the event loop has moved on: run on the loop it would hold the loop and
+    wait in vain (up to its 30 s safety timeout, then answer False); run off it, the loop releases it."""
     limits = LoginLimits(secret=SECRET, turns=HashingTurns(workers=2, per_address=2))
-    gaps: list[float] = []
+    loop_moved = threading.Event()
+    check_threads: list[int] = []
 
-    async def ticker() -> None:
-        while True:
-            started = time.perf_counter()
-            await asyncio.sleep(0.01)
-            gaps.append(time.perf_counter() - started)
+    def held_check() -> bool:
+        check_threads.append(threading.get_ident())
+        return loop_moved.wait(timeout=30)
 
-    ticking = asyncio.create_task(ticker())
-    await asyncio.sleep(0.05)
-    started = time.perf_counter()
+    async def move_the_loop() -> None:
+        while not check_threads:
+            await asyncio.sleep(0.001)
+        loop_moved.set()
+
+    mover = asyncio.create_task(move_the_loop())
+    assert await limits.check("a", CLEAN, held_check) is True
+    await mover
+    assert check_threads and check_threads[0] != threading.get_ident()
+    # Real checks, side by side, each with its own answer.
+    auth = AuthConfig({"alice": hash_password("right", iterations=400_000)})
     results = await asyncio.gather(limits.check("a", CLEAN, lambda: auth.check("alice", "right")),
                                    limits.check("a", CLEAN, lambda: auth.check("alice", "wrong")),
                                    limits.check("b", CLEAN, lambda: auth.check("nobody", "x")))
-    hashing_s = time.perf_counter() - started
-    ticking.cancel()
-    assert results == [True, False, False]
-    # On the loop, each check would stop it for a whole check (a third of the time the three took,
-    # or more); off it, the loop keeps ticking. Half a check leaves room for a busy machine.
-    assert max(gaps) < 0.5 * hashing_s / 3, (max(gaps), hashing_s)
-    assert 0 < limits.typical_check_s < hashing_s
+    assert results == [True, False, False] and limits.typical_check_s > 0
 
 
 # ---------------------------------------------------------------- shared by replicas (PostgreSQL)
@@ -396,7 +399,7 @@ async def test_the_database_clock_drives_the_shared_delays(postgres_url):
     try:
         assert (await limits.admit("alice", "a", known=True)).admitted
         refused = await limits.admit("alice", "a", known=True)
-        assert not refused.admitted and 0.5 < refused.wait_s <= 1.0
+        assert not refused.admitted and 0 < refused.wait_s <= 1.0  # the 1 s delay, less the time since
         await asyncio.sleep(refused.wait_s + 0.05)
         assert (await limits.admit("alice", "a", known=True)).admitted
     finally:
@@ -417,8 +420,8 @@ def _signal_server(cluster, sig: int) -> None:
         os.kill(cluster.server.process.pid, sig)
 
 
-async def test_a_database_that_does_not_answer_leaves_the_limits_to_this_process():
-    cluster = new_cluster().start()
+async def test_a_database_that_does_not_answer_leaves_the_limits_to_this_process(own_cluster):
+    cluster = own_cluster
     url = normalise_url(cluster.url)
     async with await Store.open(url, flush_outbox=False) as store:
         await store.migrate()
@@ -433,11 +436,13 @@ async def test_a_database_that_does_not_answer_leaves_the_limits_to_this_process
         started = time.monotonic()
         first = await limits.admit("alice", "a", known=True)
         gave_up_s = time.monotonic() - started
-        # The timeout, and up to ~2 s while the driver gives the hung connection up.
-        assert 1.0 <= gave_up_s < 4.0 and table.problem is not None
+        # At least the 1 s timeout (measured: up to ~2 s while the driver gives the hung connection
+        # up); the upper bound is only a safety bound.
+        assert 1.0 <= gave_up_s < 20.0 and table.problem is not None
         started = time.monotonic()
         later = [await limits.admit("alice", "a", known=True) for _ in range(2)]
-        assert time.monotonic() - started < 0.5  # no wait on the database for every login meanwhile
+        # No wait on the database for every login meanwhile: one such wait alone takes the 1 s timeout.
+        assert time.monotonic() - started < 1.0
         # This process's own table counts now (from zero: it never saw the shared count).
         assert [v.admitted for v in [first, *later]] == [True, True, False]
         _signal_server(cluster, signal.SIGCONT)
@@ -452,4 +457,3 @@ async def test_a_database_that_does_not_answer_leaves_the_limits_to_this_process
         if stopped:
             _signal_server(cluster, signal.SIGCONT)
         await limits.aclose()
-        cluster.remove()

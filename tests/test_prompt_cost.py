@@ -107,7 +107,6 @@ def test_the_reply_row_shows_the_prompt_cost_and_stats_carry_it():
 # ---------------------------------------------------------------- the real engines
 
 
-@pytest.mark.vllm
 async def test_vllm_second_turn_reports_cached_tokens_and_a_fresh_conversation_none(vllm_base_url):
     backend = OpenAICompatBackend(BackendConfig(name="vllm", kind="vllm", label="vLLM", base_url=vllm_base_url))
     try:
@@ -135,7 +134,6 @@ async def opening_tokens(llama_server_url: str) -> int:
     return kept_prefix(tokens[0], tokens[1], logits_live=True)
 
 
-@pytest.mark.llama_server
 async def test_llama_server_second_turn_reports_cached_tokens_and_a_fresh_conversation_none(llama_server):
     backend = LlamaServerBackend(BackendConfig(name="llama_server", kind=LLAMA_SERVER_KIND.name,
                                                label="llama.cpp server", base_url=llama_server.base_url))

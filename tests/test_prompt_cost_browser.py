@@ -13,7 +13,7 @@ from servers.app import backend_env
 from servers.paced_openai import start_paced_server
 from tests.test_browser import REPLY_TIMEOUT_MS, send, switch_backend
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

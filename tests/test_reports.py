@@ -53,10 +53,24 @@ def test_replay_table_has_medians_failures_and_totals():
     assert "| vLLM | 3 | 1 | 200.0 | 40.0 | 35 | 6.0 |" in table
 
 
-def test_passwords_are_hashed_salted_and_checked_in_constant_time():
+def test_passwords_are_hashed_salted_and_checked_in_constant_time(monkeypatch):
+    """Constant time: every check of a well-formed hash, right or wrong, compares the whole digest
+    with hmac.compare_digest (seen here through a spy), never with ==, which stops at the first
+    differing byte."""
+    import hmac
+
+    compared: list[tuple[bytes, bytes]] = []
+    real_compare = hmac.compare_digest
+
+    def spy(a, b):
+        compared.append((a, b))
+        return real_compare(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
     hashed = hash_password("correct horse", iterations=1000)
     assert hashed.startswith("pbkdf2_sha256$1000$") and "correct" not in hashed
     assert verify_password("correct horse", hashed) and not verify_password("wrong", hashed)
+    assert len(compared) == 2 and all(len(a) == len(b) == 32 for a, b in compared), compared
     assert hash_password("same", iterations=1000) != hash_password("same", iterations=1000)  # salted
     assert not verify_password("x", "md5$nonsense") and not verify_password("x", "garbage")
     with pytest.raises(ValueError):

@@ -19,7 +19,7 @@ from load.chainlit_client import SOCKET_PATH, browser_auth, browser_headers
 from servers.app import AppServer, backend_env
 from servers.paced_openai import paced_pair
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 READY_TIMEOUT_MS = 120_000
 

@@ -21,7 +21,7 @@ from servers.paced_openai import paced_pair
 from tests.test_compare_browser import SNAPSHOT_JS, change_settings, send, watch_round
 from tests.test_reports_browser import log_in, wait_ready
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PASSWORD = "alice-" + secrets.token_hex(4)
 NAMES = ("Left engine", "Right engine")

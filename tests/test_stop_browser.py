@@ -14,7 +14,10 @@ user presses Chainlit's Stop button, is the engine still generating?
   cancelled.
 
 Every reply is allowed MAX_NEW_TOKENS new tokens and asked for a very long
-story, greedy. Each test first proves, with a control run of the same request
+story, greedy. Each engine is held mid-reply while Stop is pressed (the
+embedded model by its test-only hold file, the TGI server by its
+hold_after_tokens fault, vLLM by its own pause), so the reply is still
+generating when Stop arrives on any machine, however fast. Each test first proves, with a control run of the same request
 straight to the engine, that without Stop this engine writes to the cap
 (finish reason "length"): so a reply that ends below the cap was ended by Stop,
 not by the model finishing on its own.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page
@@ -47,6 +51,8 @@ LONG_PROMPT = "Write a very long story about a dragon and a knight."
 # "ended before the cap", not a token count that a faster engine would pass. The control run
 # (runs_to_the_cap) shows the cap is what would end the reply otherwise.
 BELOW_THE_CAP = MAX_NEW_TOKENS
+# The embedded model and the TGI server hold each reply after this many tokens; Stop ends it there.
+HOLD_AFTER_TOKENS = 10
 ENGINE_STOP_TIMEOUT_S = 10.0
 TGI_BACKENDS = {"messages": ("tgi_chat", "TGI Messages API", "/v1/chat/completions"),
                 "generate": ("tgi_native", "TGI native", "/generate_stream")}
@@ -65,9 +71,17 @@ def runs_to_the_cap(config: BackendConfig) -> None:
 
 
 @pytest.fixture(scope="module")
-def stop_app(app_factory, tgi_server) -> AppServer:
+def embedded_hold(tmp_path_factory) -> Path:
+    """While this file exists, the stop app's embedded model holds each reply after HOLD_AFTER_TOKENS."""
+    return tmp_path_factory.mktemp("stop-hold") / "hold"
+
+
+@pytest.fixture(scope="module")
+def stop_app(app_factory, tgi_server, embedded_hold) -> AppServer:
     """The embedded model (default) and the TGI-protocol server on both of its routes."""
-    env = {"BACKENDS": "llama_cpp," + ",".join(name for name, _, _ in TGI_BACKENDS.values()), **common_env()}
+    env = {"BACKENDS": "llama_cpp," + ",".join(name for name, _, _ in TGI_BACKENDS.values()), **common_env(),
+           "LAB_TEST_EMBEDDED_HOLD_FILE": str(embedded_hold),
+           "LAB_TEST_EMBEDDED_HOLD_AFTER_TOKENS": str(HOLD_AFTER_TOKENS)}
     for route, (name, label, _) in TGI_BACKENDS.items():
         env.update(backend_env(name, kind="tgi", base_url=tgi_server.url, label=label, route=route))
     return app_factory(env, name="chainlit-stop")
@@ -132,19 +146,28 @@ def shown_tokens(final: dict) -> float:
 # ---------------------------------------------------------------- the engines
 
 
-def test_stop_ends_the_embedded_generation(page: Page, stop_app: AppServer):
+def test_stop_ends_the_embedded_generation(page: Page, stop_app: AppServer, embedded_hold: Path):
     runs_to_the_cap(BackendConfig(name="llama_cpp", kind="llamacpp", label="llama.cpp (embedded)"))
     open_chat(page, stop_app)
     before = embedded_counts(stop_app)
     assert before["generating"] == 0, before
-    step_id = start_long_reply(page)
-    assert embedded_counts(stop_app)["generating"] == 1  # the worker is generating this reply
-
-    final = press_stop(page, step_id)
+    embedded_hold.touch()
+    try:
+        step_id = start_long_reply(page, words=3)
+        # Held after its HOLD_AFTER_TOKENS-th token: the worker is generating this reply, whatever its speed.
+        held = poll(lambda: embedded_counts(stop_app),
+                    lambda c: c["generated_tokens_total"] - before["generated_tokens_total"] == HOLD_AFTER_TOKENS,
+                    what="the embedded model to reach its hold")
+        assert held["generating"] == 1, held
+        final = press_stop(page, step_id)
+    finally:
+        embedded_hold.unlink(missing_ok=True)
     after = poll(lambda: embedded_counts(stop_app), lambda c: c["generating"] == 0 and c["waiting"] == 0,
                  what="the embedded model after Stop")
     generated = after["generated_tokens_total"] - before["generated_tokens_total"]
-    assert shown_tokens(final) <= generated < BELOW_THE_CAP, (final["tokens"], generated)
+    # Stop ended it at the hold (the control run shows it would have gone on to the cap), and the
+    # figures show exactly what the engine generated.
+    assert shown_tokens(final) == generated == HOLD_AFTER_TOKENS, (final["tokens"], generated)
     # And it stays stopped: no token is generated after the worker let go.
     time.sleep(1.0)
     assert embedded_counts(stop_app) == after
@@ -185,15 +208,20 @@ def test_stop_cancels_the_generation_on_the_tgi_server(page: Page, stop_app: App
     def mine() -> list[dict]:
         return run_coroutine(tgi_server.generations())[generations_before:]
 
-    step_id = start_long_reply(page)
-    (running,) = mine()
-    assert running["path"] == path and running["status"] == "running", running
-
-    final = press_stop(page, step_id)
-    (ended,) = poll(mine, lambda generations: generations[0]["status"] != "running",
-                    what="the TGI server's generation after Stop")
+    # The server holds the generation after HOLD_AFTER_TOKENS tokens: still running when Stop arrives.
+    run_coroutine(tgi_server.set_faults(hold_after_tokens=HOLD_AFTER_TOKENS))
+    try:
+        step_id = start_long_reply(page, words=3)
+        run_coroutine(tgi_server.wait_until_held())
+        (running,) = mine()
+        assert running["path"] == path and running["status"] == "running" and running["held"], running
+        final = press_stop(page, step_id)
+        (ended,) = poll(mine, lambda generations: generations[0]["status"] != "running",
+                        what="the TGI server's generation after Stop")
+    finally:
+        run_coroutine(tgi_server.release_holds())
     assert ended["status"] == "cancelled", ended
-    assert shown_tokens(final) <= ended["generated_tokens"] < BELOW_THE_CAP, (final["tokens"], ended)
+    assert shown_tokens(final) == ended["generated_tokens"] == HOLD_AFTER_TOKENS, (final["tokens"], ended)
     assert ended["max_new_tokens"] == MAX_NEW_TOKENS
     poll(lambda: run_coroutine(tgi_server.in_flight()), lambda count: count == 0, what="requests in flight")
     assert run_coroutine(tgi_server.violations())[violations_before:] == []

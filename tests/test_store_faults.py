@@ -25,6 +25,7 @@ from sqlalchemy import text
 
 from store import DatabaseUnavailable, NotSaved, SavedLater, Store, normalise_url
 from store import outbox as outbox_module
+from store.db import timeouts_s
 from ui.chat_history import BATCH_WINDOW_S, chainlit_data_layer
 from tests.fixtures_postgres import PostgresCluster, new_postgres_database
 from tests.test_store import T0, make_reply, make_round, new_id
@@ -235,6 +236,7 @@ async def test_postgresql_stopped_under_the_store_loses_no_row_and_leaks_no_sql(
         # Chainlit's history writes wait in the same outbox, behind the reply.
         await layer.execute_sql('INSERT INTO threads ("id", "name", "createdAt") VALUES (:id, :name, :created)',
                                 {"id": thread, "name": SECRET_TEXT, "created": "2026-12-01T10:00:00Z"})
+        await layer.writes.flush()  # history is queued for its batch (ui/chat_history.py), then waits here
         after = reply_now(thread)
         with pytest.raises(SavedLater):
             await store.save_reply(after)
@@ -396,6 +398,7 @@ async def test_a_row_refused_while_rows_wait_is_set_aside_and_the_rows_behind_it
     store, layer, _ = postgres_store
     thread = new_id()
     await layer.update_thread(thread)
+    await layer.writes.flush()  # the thread is written before the server stops
     own_postgres.stop()
     first = reply_now(thread)
     with pytest.raises(SavedLater):
@@ -403,6 +406,7 @@ async def test_a_row_refused_while_rows_wait_is_set_aside_and_the_rows_behind_it
     await layer.execute_sql('INSERT INTO steps ("id", "threadId", "name", "type", "streaming", "output") '
                             'VALUES (:id, :thread, :name, :type, false, :output)',
                             {"id": new_id(), "thread": thread, "name": 5, "type": "user_message", "output": SECRET_TEXT})
+    await layer.writes.flush()  # history is queued for its batch, then kept behind the waiting reply
     later = [reply_now(thread), reply_now(thread)]
     for reply in later:
         with pytest.raises(SavedLater):
@@ -478,11 +482,14 @@ async def test_a_hung_postgresql_sends_writes_to_the_outbox_within_seconds(own_p
         with pytest.raises(SavedLater):
             await store.save_reply(second := reply_now(thread))
         await layer.update_thread(thread, name="renamed while hung")
+        await layer.writes.flush()  # its batch goes behind the waiting rows, without trying the server
         second_s = time.monotonic() - started
     finally:
         own_postgres.resume()
     assert first_s < 20, f"the first write on a hung server took {first_s:.1f} s"
-    assert second_s < 1, f"a write behind a waiting one took {second_s:.1f} s"
+    # Straight to the outbox: a write that waited on the hung server even once would take its
+    # connect timeout (5 s by default, store/db.py); under half of it, a safety bound only.
+    assert second_s < timeouts_s()[0] / 2, f"a write behind a waiting one took {second_s:.1f} s"
     await wait_until_written(store, timeout_s=30)
     assert [reply.id for reply in await store.replies_for_thread(thread)] == [before.id, first.id, second.id]
     async with store._transaction() as connection:
@@ -777,3 +784,25 @@ async def test_a_thread_this_process_wrote_is_not_written_again_for_every_step(p
     await layer.writes.flush()
     async with store._transaction() as connection:
         assert await connection.scalar(text("SELECT name FROM threads WHERE id = :id"), {"id": thread}) == "renamed"
+
+
+async def test_a_step_written_while_rows_wait_never_goes_ahead_of_its_queued_thread(own_postgres, postgres_store):
+    """The CI failure of a hung database: a chat's thread was queued for its batch, the app's own
+    row then started the outbox waiting, and the chat's next step went to the outbox at once, ahead
+    of its thread; written back in that order, the database refused the step (no such thread)."""
+    store, layer, _ = postgres_store
+    thread = new_id()
+    await layer.update_thread(thread, name="queued first")  # in the batch, not written yet
+    own_postgres.stop()
+    try:
+        with pytest.raises(SavedLater):  # the app's own row waits: the outbox is waiting
+            await store.save_reply(reply_now(thread))
+        assert store.outbox.waiting == 1
+        await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": "Bot",
+                                           "type": "assistant_message", "output": "after its thread"})
+        await layer.writes.flush()
+    finally:
+        own_postgres.start()
+    await wait_until_written(store, timeout_s=30)
+    assert await steps_of(store, thread) == ["after its thread"]
+    assert dead_letters(store) == []

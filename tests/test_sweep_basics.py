@@ -84,9 +84,11 @@ def test_a_rate_level_sends_each_request_at_its_arrival_time():
 
     level, sent = asyncio.run(main())
     assert [o.ok for o in level.outcomes] == [True] * 4 and not level.cut_short
+    # Never before its arrival time (the behaviour); how late is only a safety bound.
     for expected, actual in zip(arrivals, sent):
-        assert actual == pytest.approx(expected, abs=0.05)
-    assert statistics.fmean(r.record.first_token_s for r in level.outcomes) < 0.05  # clock starts at the send
+        assert expected - 0.005 <= actual < expected + 0.5, (arrivals, sent)
+    # The clock starts at each send: from the level's start, the mean would be the arrivals' (0.19 s) and more.
+    assert statistics.fmean(r.record.first_token_s for r in level.outcomes) < statistics.fmean(arrivals) / 2
 
 
 def test_a_level_that_runs_out_of_time_sends_no_more_and_says_so():

@@ -144,6 +144,7 @@ async def test_reply_that_ends_by_itself_counts_but_hides_the_end_token(route, t
     else:
         # The Messages API's chunks carry no counts: text chunks are estimates, empty ones count
         # nothing, and the closing usage is the exact count (the end token is one of them).
+        assert any(chunk.text for chunk in chunks) and any(not chunk.text for chunk in chunks)
         assert all(chunk.token_count is None for chunk in chunks if chunk.text)
         assert all(chunk.token_count == 0 for chunk in chunks if not chunk.text)
         visible = [chunk for chunk in chunks if chunk.text]

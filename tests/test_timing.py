@@ -219,4 +219,5 @@ async def test_measure_prepares_before_the_clock_starts():
     text, record = await measure(SlowToPrepare(), [ChatMessage("user", "hi")], GenerationParams())
     assert text == "abc" and record.output_tokens == 3 and record.status == "completed"
     assert record.backend == "slow-prepare" and record.model == "m"
-    assert record.first_token_s < 0.2 and record.total_s < 0.25
+    # The 0.3 s of preparing is outside the clock: inside it, both would be 0.3 s and more.
+    assert record.first_token_s < 0.3 and record.total_s < 0.3

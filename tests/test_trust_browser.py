@@ -217,7 +217,11 @@ def test_a_blind_round_sends_nothing_that_names_a_column_until_the_vote(
     blind = [reply for reply in replies if reply.mode == "blind"]
     assert sorted(reply.backend for reply in blind) == sorted(NAMES)
     rounds = run_coroutine(stored(env["DATABASE_URL"], "rounds", 10, thread_id))
+    (blind_round,) = [round_ for round_ in rounds if round_.mode == "blind"]
+    assert all(round_.columns for round_ in rounds)
     assert all(column.reply_id for round_ in rounds for column in round_.columns)
+    # Each column of the blind round points at its own stored reply.
+    assert sorted(column.reply_id for column in blind_round.columns) == sorted(reply.id for reply in blind)
 
 
 def test_postgresql_stopped_under_the_app_loses_no_reply_and_shows_no_sql(page: Page, app_factory, engines):

@@ -20,6 +20,7 @@ from backends.openai_compat import OpenAICompatBackend, server_root
 from scripts.vllm_launch import BUNDLED_MODEL_NAME
 from config import BackendConfig
 from tests.fixtures_app import closed_loopback_port
+from tests.fixtures_vllm import held_vllm
 from tests.controls import reaches_the_cap
 from tests.streams import prepared_stream
 from core.timing import RequestRecord, TimedStream
@@ -134,6 +135,13 @@ async def test_unreachable_server_names_its_url_and_how_to_start_it():
     assert "scripts/vllm_server.sh" in str(raised.value) and "VLLM_BASE_URL" in str(raised.value)
 
 
+async def read_while_held(step_until, reader: asyncio.Task, root: str) -> None:
+    """Let the held vLLM server on, a step at a time, until `reader` is done and the request is
+    still running on it (the step loop is blocking: it runs in a thread, the reader on the loop)."""
+    await asyncio.to_thread(step_until, lambda: reader.done() and engine_state(root).running_requests == 1, 120)
+    await reader
+
+
 @pytest.mark.vllm
 async def test_closing_the_stream_aborts_the_request_on_the_server(vllm):
     root = server_root(vllm.url)
@@ -142,13 +150,20 @@ async def test_closing_the_stream_aborts_the_request_on_the_server(vllm):
     generated_before = metric_value(root, "vllm:generation_tokens_total")
     stream = prepared_stream(vllm, LONG_STORY, params)
     texts = []
-    async for chunk in stream:
-        if chunk.text:
-            texts.append(chunk.text)
-        if len(texts) == 3:
-            break
-    assert metric_value(root, "vllm:num_requests_running") == 1
-    await stream.aclose()  # what the UI's Stop does
+
+    async def read_three() -> None:
+        async for chunk in stream:
+            if chunk.text:
+                texts.append(chunk.text)
+            if len(texts) == 3:
+                return
+
+    # vLLM is held (its own pause) and let on a step at a time: the request is still running when
+    # the stream closes, on any machine (a GPU could otherwise finish the whole reply first).
+    with held_vllm(root) as step_until:
+        await read_while_held(step_until, asyncio.create_task(read_three()), root)
+        assert metric_value(root, "vllm:num_requests_running") == 1
+        await stream.aclose()  # what the UI's Stop does
 
     closed_at = time.monotonic()
     while await asyncio.to_thread(metric_value, root, "vllm:num_requests_running") != 0:
@@ -156,9 +171,7 @@ async def test_closing_the_stream_aborts_the_request_on_the_server(vllm):
         assert time.monotonic() - closed_at < 15, "vLLM kept generating after the client closed"
         await asyncio.sleep(0.1)
     generated = await asyncio.to_thread(metric_value, root, "vllm:generation_tokens_total") - generated_before
-    # The control run showed that a request that was not aborted ends at exactly the cap. How far
-    # below it depends on the machine's speed (a few dozen here, more on a GPU in the moment the
-    # close takes), so the cap is the bound.
+    # The control run showed that a request that was not aborted ends at exactly the cap.
     assert 3 <= generated < ABORT_CAP
 
 
@@ -175,26 +188,29 @@ async def test_two_concurrent_streams_both_complete(vllm):
 
 @pytest.mark.vllm
 async def test_stop_closes_the_connection_even_when_the_consumer_is_cancelled(vllm):
-    """A cancelled task (the UI's Stop) must not leave the request running on the server."""
+    """A cancelled task (the UI's Stop) must not leave the request running on the server. The
+    control run shows the same request, left alone, writes to its cap; the server is held while
+    the task is cancelled, so the request is running then on any machine."""
     root = server_root(vllm.url)
+    params = GenerationParams(max_new_tokens=ABORT_CAP, **GREEDY)
+    await reaches_the_cap(vllm, LONG_STORY, params)
     generated_before = (await asyncio.to_thread(engine_state, root)).generation_tokens_total
     first_chunk = asyncio.Event()
 
     async def consume() -> None:
-        async with contextlib.aclosing(
-            prepared_stream(vllm, COUNTING_PROMPT, GenerationParams(max_new_tokens=1000, **GREEDY))
-        ) as stream:
+        async with contextlib.aclosing(prepared_stream(vllm, LONG_STORY, params)) as stream:
             async for chunk in stream:
                 if chunk.text:
                     first_chunk.set()
 
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(first_chunk.wait(), timeout=30)
-    # The request is running on the server (not finished, not queued) when it is cancelled.
-    assert (await asyncio.to_thread(engine_state, root)).running_requests == 1
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    with held_vllm(root) as step_until:
+        task = asyncio.create_task(consume())
+        await read_while_held(step_until, asyncio.create_task(first_chunk.wait()), root)
+        # The request is running on the server (not finished, not queued) when it is cancelled.
+        assert (await asyncio.to_thread(engine_state, root)).running_requests == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if (await asyncio.to_thread(engine_state, root)).running_requests == 0:
@@ -202,8 +218,8 @@ async def test_stop_closes_the_connection_even_when_the_consumer_is_cancelled(vl
         await asyncio.sleep(0.1)
     after = await asyncio.to_thread(engine_state, root)
     assert after.running_requests == 0, "vLLM kept generating after the consumer was cancelled"
-    # 1000 tokens were allowed; the aborted request generated a handful.
-    assert 1 <= after.generation_tokens_total - generated_before < 1000
+    # Left alone it would have written ABORT_CAP tokens (the control run); cancelled, fewer.
+    assert 1 <= after.generation_tokens_total - generated_before < ABORT_CAP
 
 
 @pytest.mark.vllm
@@ -222,13 +238,22 @@ async def test_the_servers_own_timings_ride_beside_ours(vllm):
 
 
 @pytest.mark.vllm
-async def test_optional_sampling_settings_reach_vllm_and_a_seed_makes_replies_repeat(vllm):
+async def test_optional_sampling_settings_reach_vllm_and_a_seed_makes_replies_repeat(vllm, vllm_server):
+    """Every sampling setting is in the request bodies vLLM itself logged (not only in what the
+    client says it sent), and the seed makes the two sampled replies the same."""
     params = GenerationParams(temperature=1.0, top_p=0.9, max_new_tokens=12, top_k=20, min_p=0.05,
                               repetition_penalty=1.1, seed=1234)
+    expected = {"temperature": 1.0, "top_p": 0.9, "max_tokens": 12, "top_k": 20, "min_p": 0.05,
+                "repetition_penalty": 1.1, "seed": 1234}
     request = await vllm.prepare(COUNTING_PROMPT, params)
     assert request.ignored == ()
-    assert request.sent == {"temperature": 1.0, "top_p": 0.9, "max_tokens": 12, "top_k": 20, "min_p": 0.05,
-                            "repetition_penalty": 1.1, "seed": 1234}
+    assert request.sent == expected
+    seen = len(vllm_server.chat_requests())
     first, _ = await timed_reply(vllm, COUNTING_PROMPT, params)
     second, _ = await timed_reply(vllm, COUNTING_PROMPT, params)
+    received = vllm_server.chat_requests()[seen:]
+    assert len(received) == 2, received
+    for body in received:
+        assert {key: body.get(key) for key in expected} == expected, body
+        assert body["messages"] == [message.as_dict() for message in COUNTING_PROMPT]
     assert "".join(c.text for c in first) == "".join(c.text for c in second)

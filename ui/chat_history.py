@@ -157,9 +157,12 @@ class AppDataLayer(SQLAlchemyDataLayer):
 
     async def _write(self, entry: dict, work: Callable[[AsyncConnection], Awaitable[Any]], what: str,
                      key: str | None = None) -> Any:
-        """Queue the write for the next batch (`HistoryWrites`), or, without batches, `write_now`."""
-        outbox = self.outbox
-        if self.writes is not None and not (outbox is not None and outbox.waiting):
+        """Queue the write for the next batch (`HistoryWrites`), or, without batches, `write_now`.
+
+        With batches every write is queued, even while rows wait in the outbox: a write sent to the
+        outbox at once would go ahead of the writes still queued before it (a step ahead of its
+        chat's thread, which the database then refuses)."""
+        if self.writes is not None:
             self.writes.queue(PendingWrite(entry, work, what, key))
             return None  # Chainlit's writes use no result
         return await self.write_now(entry, work, what, key)
