@@ -4,8 +4,8 @@
 // a screen reader announces each as "button", with no name. axe-core (run on every view by
 // scripts/screenshots.py) flags them, and a few more of its markup slips (a div with aria-expanded
 // but no role, a list whose items are divs, a scrolling table a keyboard cannot reach).
-// This adds the missing names and roles, after each change of the page, at most ~4 times a second
-// (a streaming reply changes the page often; this does nothing for a node already named).
+// This adds the missing names and roles to each element as it is added to the page (a few
+// selector checks per added element; nothing for text that streams into an existing one).
 (() => {
   const zh = (navigator.language || "").toLowerCase().startsWith("zh");
   const NAMES = zh ? {
@@ -36,13 +36,16 @@
     if (!hasName(element) && NAMES[key]) element.setAttribute("aria-label", NAMES[key]);
   }
 
-  function fix() {
+  // `root` itself and the elements under it that match `selector`.
+  const within = (root, selector) =>
+    [...(root.matches && root.matches(selector) ? [root] : []), ...root.querySelectorAll(selector)];
+
+  function fix(root) {
     for (const id of ["new-chat-button", "sidebar-trigger-button", "search-chats-button", "chat-settings-open-modal",
                       "chat-submit", "stop-button"]) {
-      const element = document.getElementById(id);
-      if (element) name(element, id);
+      for (const element of within(root, `#${id}`)) name(element, id);
     }
-    for (const button of document.querySelectorAll("button")) {
+    for (const button of within(root, "button")) {
       if (hasName(button)) continue;
       for (const [selector, key] of BY_LOOK) {
         if (button.matches(selector) || button.querySelector(selector)) { name(button, key); break; }
@@ -54,25 +57,33 @@
     }
     // The history's "…" menu: a div Chainlit makes act as a button (aria-expanded needs the role).
     // It sits inside the chat's own link-button, so it stays out of the Tab order (no tabindex).
-    for (const element of document.querySelectorAll('div#thread-options, div[type="button"][aria-haspopup]')) {
+    for (const element of within(root, 'div#thread-options, div[type="button"][aria-haspopup]')) {
       if (!element.getAttribute("role")) element.setAttribute("role", "button");
       name(element, "thread-options");
     }
     // The history list's groups: divs directly in a list are list items.
-    for (const child of document.querySelectorAll('ul[data-sidebar="menu"] > div:not([role])')) {
+    for (const child of within(root, 'ul[data-sidebar="menu"] > div:not([role])')) {
       child.setAttribute("role", "listitem");
     }
     // A wide table scrolls sideways: a keyboard must be able to reach it to scroll it (whether it
     // scrolls changes with the window's width, so every table's box takes focus).
-    for (const box of document.querySelectorAll("div.relative.w-full.overflow-auto:not([tabindex])")) {
-      if (box.querySelector("table")) box.setAttribute("tabindex", "0");
+    for (const table of within(root, "table")) {
+      const box = table.closest("div.relative.w-full.overflow-auto");
+      if (box && !box.hasAttribute("tabindex")) box.setAttribute("tabindex", "0");
     }
   }
 
-  let pending = null;
-  const later = () => { if (pending === null) pending = setTimeout(() => { pending = null; fix(); }, 250); };
-  new MutationObserver(later).observe(document.documentElement, { subtree: true, childList: true });
-  window.addEventListener("resize", later);
-  document.addEventListener("DOMContentLoaded", fix);
-  fix();
+  // Each added element is fixed as it arrives, before the page is drawn again: an element that
+  // re-renders (a streaming reply, the engine panel) is never shown, or read, without its names.
+  new MutationObserver((mutations) => {
+    for (const mutation of mutations) {
+      for (const node of mutation.addedNodes) {
+        if (node.nodeType !== 1) continue;
+        fix(node);
+        const button = node.parentElement && node.parentElement.closest("button");  // an icon drawn into it later
+        if (button) fix(button);
+      }
+    }
+  }).observe(document.documentElement, { subtree: true, childList: true });
+  fix(document);
 })();

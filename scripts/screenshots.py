@@ -122,7 +122,7 @@ class Camera:
         self.out, self.result = out, result
 
     def shoot(self, page, view: str) -> None:
-        page.wait_for_timeout(400)  # the last render lands, and public/serving-lab-a11y.js has named what it names
+        page.wait_for_timeout(300)  # the last render of a frame (fonts, an element update) lands
         raw = page.screenshot(animations="disabled", caret="hide")
         data = compress_png(raw)
         (self.out / f"{view}.png").write_bytes(data)

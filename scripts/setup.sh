@@ -72,11 +72,11 @@ if [ "$with_tests" = 1 ]; then
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
   fi
-  if ! fc-list :lang=zh 2>/dev/null | grep -q .; then
-    step "Installing a Chinese font (Debian's chromium has none: scripts/screenshots.py draws the Chinese view)"
+  if ! fc-list :lang=zh 2>/dev/null | grep -q . || ! fc-list 2>/dev/null | grep -qi "color emoji"; then
+    step "Installing a Chinese and an emoji font (Debian's chromium has neither; scripts/screenshots.py draws both)"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
     $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends fonts-wqy-microhei
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends fonts-wqy-microhei fonts-noto-color-emoji
   fi
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     step "Installing Debian's postgresql (the storage tests start a throwaway cluster)"

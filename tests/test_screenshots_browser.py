@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from config import REPO
-from scripts.screenshots import AXE_PATH, PHONE, VIEWPORT, VIEWS
+from scripts.screenshots import AXE_PATH, PHONE, VIEWPORT, VIEWS, axe_violations
 from servers.browser import CHROMIUM_PATH
 from servers.process import PYTHON
 
@@ -59,3 +59,14 @@ def test_the_screenshot_script_draws_every_view_and_axe_core_finds_no_serious_vi
     blank = tmp_path / "blank.png"
     Image.new("RGB", (VIEWPORT["width"], VIEWPORT["height"]), "white").save(blank)
     assert picture_problems(blank, VIEWPORT["width"])
+
+
+def test_the_axe_check_reports_a_nameless_button_and_passes_the_same_button_named(page):
+    """The control of the check above: axe-core, as the script runs it, does flag a serious
+    violation (an icon-only button without a name), and not once the button has a name."""
+    page.set_content('<html lang="en"><head><title>t</title></head><body><main>'
+                     '<button id="icon"><svg width="16" height="16"></svg></button></main></body></html>')
+    found = axe_violations(page, "control")
+    assert any(line.startswith("button-name (critical)") and "#icon" in line for line in found), found
+    page.evaluate("() => document.getElementById('icon').setAttribute('aria-label', 'Send message')")
+    assert axe_violations(page, "control") == []
