@@ -91,6 +91,37 @@ def test_the_last_text_is_drawn_the_moment_the_stream_ends_not_an_interval_later
     assert message.emits[-1][0] == arrived["last"]
 
 
+def test_the_last_text_goes_when_the_engine_says_finished_not_when_the_stream_has_closed():
+    """The finish chunk says no more text follows: the pending text is drawn then, though the text
+    loop is inside its interval and the stream takes 0.2 s more to close (as closing a connection
+    on a busy loop can). Control: a stream that never says it finished has its last text drawn
+    at the text loop's next interval, later than it came."""
+    CLOSE_S = 0.2
+
+    async def reply(say_finished: bool):
+        message, metrics = FakeMessage(), FakeMetrics()
+        loop = asyncio.get_running_loop()
+        seen = {}
+
+        async def stream():
+            yield StreamChunk("", 0)
+            for i in range(30):  # 30 tokens at 500/s: the loop is always inside an interval
+                await asyncio.sleep(1 / 500)
+                seen["last_text"] = loop.time()
+                yield StreamChunk(f"{i} ", 1)
+            if say_finished:
+                yield StreamChunk(finish_reason="stop", token_count=0)
+            await asyncio.sleep(CLOSE_S)
+
+        await LiveReply(timed(stream()), message, metrics).run()
+        return message, seen
+
+    message, seen = run_in_virtual_time(reply(True))
+    assert message.emits[-1][0] == pytest.approx(seen["last_text"]) and message.emits[-1][1].endswith("29 ")
+    message, seen = run_in_virtual_time(reply(False))
+    assert seen["last_text"] + 0.01 < message.emits[-1][0] <= seen["last_text"] + 0.04
+
+
 def test_metrics_refresh_ten_times_per_second_while_streaming_with_the_live_rate():
     async def main():
         message, metrics = FakeMessage(), FakeMetrics()

@@ -5,7 +5,9 @@ Measurement stays per chunk (in `timing`); only rendering is batched:
   TEXT_INTERVAL_S with whatever came meanwhile (FAST_TEXT_INTERVAL_S once a
   stream outruns any reader): the first text is never held back (a class sees
   it as soon as a bare Chainlit app would show it), and a backend at thousands
-  of tokens/s does not leave the browser behind;
+  of tokens/s does not leave the browser behind; the last text is not held
+  either: once the engine says the reply is finished (a chunk's finish reason),
+  what is pending goes at once, before the stream is closed and measured;
 - the metrics element is refreshed at most every METRICS_INTERVAL_S (~10 Hz),
   because each refresh re-mounts it.
 
@@ -74,6 +76,8 @@ class LiveReply:
         self._pending: list[str] = []
         self._shown: list[str] = []
         self._text_arrived = asyncio.Event()
+        self._text_finished = False  # the engine said no more text follows
+        self._pause: asyncio.Future | None = None  # the text loop's wait between drawings
         self._shown_first: asyncio.Task | None = None
 
     async def run(self, shown: Awaitable[None] | None = None) -> StreamOutcome:
@@ -111,6 +115,13 @@ class LiveReply:
         if chunk.text:
             self._pending.append(chunk.text)
             self._text_arrived.set()
+        if chunk.finish_reason is not None and not self._text_finished:
+            # The reply's last text: drawn now, not at the next interval. A class's replies end
+            # together, and each waiting out its interval put tens of ms on every reply's end.
+            self._text_finished = True
+            self._text_arrived.set()
+            if self._pause is not None and not self._pause.done():
+                self._pause.set_result(None)
 
     async def _flush_text(self) -> int:
         """Send what came since the last drawing; how many chunks it held."""
@@ -131,8 +142,20 @@ class LiveReply:
             await self._text_arrived.wait()
             self._text_arrived.clear()
             chunks = await self._flush_text()
+            if self._text_finished:
+                continue  # nothing is held once the reply's text is complete
             fast = chunks >= FAST_CHUNKS and self.text_interval_s < FAST_TEXT_INTERVAL_S
-            await asyncio.sleep(FAST_TEXT_INTERVAL_S if fast else self.text_interval_s)
+            await self._wait_between_drawings(FAST_TEXT_INTERVAL_S if fast else self.text_interval_s)
+
+    async def _wait_between_drawings(self, seconds: float) -> None:
+        """`asyncio.sleep(seconds)`, cut short when the reply's text is complete (`_take`)."""
+        loop = asyncio.get_running_loop()
+        self._pause = pause = loop.create_future()
+        timer = loop.call_later(seconds, _wake, pause)
+        try:
+            await pause
+        finally:
+            timer.cancel()
 
     async def _figures_loop(self) -> None:
         # The first drawing waits one interval: the request leaves (and its clock starts) first,
@@ -148,3 +171,8 @@ class LiveReply:
                 queue_shown=self.queue_shown is None or self.queue_shown(),
             )
             await self.metrics.update()
+
+
+def _wake(pause: asyncio.Future) -> None:
+    if not pause.done():
+        pause.set_result(None)
