@@ -69,13 +69,14 @@ def _rss_sampler(replicas: dict[str, AppServer], samples: dict[str, list[tuple[f
 
 
 def _still_to_write(app: AppServer) -> int:
-    """Replies still being generated on `app` plus rows waiting in its outbox (0 when it does not answer)."""
+    """Replies still being generated on `app` plus rows waiting in its outbox; 1 when it does not
+    answer in time (a replica busy with a burst's last replies is not a replica with nothing left)."""
     try:
         with urllib.request.urlopen(app.url + "/lab/state", timeout=5) as response:
             state = json.load(response)
         return int(state["tasks_by_kind"].get("replies", 0)) + int(state["outbox"]["waiting"])
     except (OSError, ValueError, KeyError):
-        return 0
+        return 1
 
 
 def _records(results: Path) -> list[dict]:
@@ -245,7 +246,14 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(1)
             print(f"after {DRAIN_S - max(0.0, drain_until - time.monotonic()):.0f} s of drain: {waiting} replies or "
                   "rows still to be written", flush=True)
-        rows_written = asyncio.run(_count_replies(database))
+        # Counted once it stops growing: a row is written after its reply's last text is on screen.
+        rows_written, settled_until = -1, time.monotonic() + DRAIN_S
+        while time.monotonic() < settled_until:
+            counted = asyncio.run(_count_replies(database))
+            if counted == rows_written:
+                break
+            rows_written = counted
+            time.sleep(2)
     finally:
         stop_sampling.set()
         for stop in reversed(started):
