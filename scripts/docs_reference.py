@@ -104,6 +104,12 @@ def environment_page() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _repo_relative(text: str) -> str:
+    """A default under the checkout, shown relative to it: the pages are the same in every clone
+    and name no machine's paths."""
+    return text.replace(str(REPO) + "/", "").replace(str(REPO), ".")
+
+
 def _cell(text: str) -> str:
     return _text(" ".join(text.split()).replace("|", "\\|"))
 
@@ -187,6 +193,7 @@ def command_section(command: str, module: str) -> list[str]:
             shown = ""
         else:
             shown = f"`{default}`" if not isinstance(default, (list, tuple)) else "`" + ",".join(map(str, default)) + "`"
+            shown = _repo_relative(shown)
         rows.append(f"| {name} | {shown} | {_cell(help_text)} |")
     if rows:
         lines += ["| Argument | Default | What it does |", "|---|---|---|", *rows, ""]
