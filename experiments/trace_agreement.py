@@ -19,7 +19,8 @@ TPOT for each run's requests (its /metrics histograms) are printed beside both t
 truth, which tells which tool a gap comes from.
 
 Run: `.venv/bin/python -m experiments.trace_agreement [--students 6] [--turns 4] [--runs 2] [--pin]
-      [--base-url http://127.0.0.1:8001/v1]`; `--pin` runs the engine on CPU 0 and each tool on CPU 1 (a --base-url server must run with VLLM_SERVER_DEV_MODE=1).
+      [--base-url http://127.0.0.1:8001/v1]` (a --base-url server must run with VLLM_SERVER_DEV_MODE=1);
+      `--pin` runs the vLLM it starts on CPU 0 and each tool on CPU 1.
 """
 
 from __future__ import annotations
@@ -99,12 +100,12 @@ def reset_prefix_cache(root_url: str) -> None:
 # 7-9 % higher while AIPerf ran than while `bench replay` did).
 ENGINE_CPUS = "0"
 TOOL_CPUS = "1"
-PIN: list[str] = []  # the prefix of each tool's command (set by --pin)
 
 
-def ours(base_url: str, trace_path: Path, out: Path) -> dict:
+def ours(base_url: str, trace_path: Path, out: Path, pin: list[str]) -> dict:
+    """`python -m bench replay` on the trace; `pin`: the command's prefix (`taskset`, or nothing)."""
     env = {**os.environ, "BACKENDS": "vllm", **backend_env("vllm", kind="vllm", base_url=base_url, label="vLLM")}
-    result = subprocess.run([*PIN, sys.executable, "-m", "bench", "replay", str(trace_path), "--backends", "vllm",
+    result = subprocess.run([*pin, sys.executable, "-m", "bench", "replay", str(trace_path), "--backends", "vllm",
                              "--users", "x1", "--output", str(out)], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=900)
     if result.returncode != 0:
@@ -117,7 +118,7 @@ def ours(base_url: str, trace_path: Path, out: Path) -> dict:
             "mean_tpot_ms": level["mean_tpot_ms"], "output_tokens_per_s": level["output_throughput"]}
 
 
-def aiperf(base_url: str, trace_path: Path, out: Path) -> dict:
+def aiperf(base_url: str, trace_path: Path, out: Path, pin: list[str]) -> dict:
     root = base_url.removesuffix("/v1")
     command = [str(AIPERF), "profile", "--model", BUNDLED_MODEL_NAME, "--tokenizer", str(BUNDLED_MODEL_DIR),
                "--endpoint-type", "chat", "--streaming", "--url", root, "--input-file", str(trace_path),
@@ -130,7 +131,7 @@ def aiperf(base_url: str, trace_path: Path, out: Path) -> dict:
     # Not HF_HUB_OFFLINE: AIPerf 0.13 then looks a tokenizer up in the hub's cache only, and a local
     # folder fails ("Repo id must be in the form 'repo_name'"); a folder path needs no network.
     env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
-    result = subprocess.run([*PIN, *command], cwd=out.parent, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([*pin, *command], cwd=out.parent, env=env, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         raise RuntimeError(f"aiperf failed ({result.returncode}): {(result.stdout + result.stderr)[-3000:]}")
     export = next(out.rglob("profile_export_aiperf.json"))
@@ -191,10 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action="store_true",
                         help=f"the engine on CPU {ENGINE_CPUS}, the tools on CPU {TOOL_CPUS} (taskset; started here only)")
     args = parser.parse_args(argv)
-    if args.pin:
-        if args.base_url:
-            parser.error("--pin pins the vLLM it starts: leave out --base-url")
-        PIN[:] = ["taskset", "-c", TOOL_CPUS]
+    if args.pin and args.base_url:
+        parser.error("--pin pins the vLLM it starts: leave out --base-url")
+    pin = ["taskset", "-c", TOOL_CPUS] if args.pin else []  # the prefix of each tool's command
     if not AIPERF.is_file():
         print(f"AIPerf is not installed: create its own venv with `{AIPERF_SETUP}`.", file=sys.stderr)
         return 2
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, tool in order:
                     reset_prefix_cache(root)
                     before = {key: vllm_histogram_mean_ms(root, metric) for key, metric in VLLM_OWN.items()}
-                    figures = tool(base_url, trace_path, work_dir / f"{name}-{run}")
+                    figures = tool(base_url, trace_path, work_dir / f"{name}-{run}", pin)
                     for key, metric in VLLM_OWN.items():  # vLLM's own figure for exactly this run's requests
                         (total, count), (total_0, count_0) = vllm_histogram_mean_ms(root, metric), before[key]
                         figures[f"vllm_own_{key}"] = (total - total_0) / (count - count_0) * 1000 if count > count_0 else None

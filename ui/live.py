@@ -120,8 +120,8 @@ class LiveReply:
             # together, and each waiting out its interval put tens of ms on every reply's end.
             self._text_finished = True
             self._text_arrived.set()
-            if self._pause is not None and not self._pause.done():
-                self._pause.set_result(None)
+            if self._pause is not None:
+                _wake(self._pause)
 
     async def _flush_text(self) -> int:
         """Send what came since the last drawing; how many chunks it held."""
