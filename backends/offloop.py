@@ -97,6 +97,14 @@ async def _stamp_request_sent(event: str, info: dict) -> None:
             holder.append(time.perf_counter())
 
 
+def restart_request_clock() -> None:
+    """The request of the stream being pumped is sent again (backends/keepalive.py): its next sending is
+    when it left, not the failed one's."""
+    holder = _request_sent.get()
+    if holder is not None:
+        holder.clear()
+
+
 async def trace_requests(request: Any) -> None:
     """An httpx (or httpx2) request event hook: trace the request's sending (`_stamp_request_sent`).
     Give it to every HTTP client a remote backend streams with: `event_hooks={"request": [trace_requests]}`."""

@@ -59,6 +59,7 @@ from backends.base import (
     ignore_unsupported,
 )
 from backends.engine_metrics import VLLM_SOURCE, EngineSnapshot, MetricsFormatError, parse_vllm_metrics
+from backends.keepalive import RetryClosedKeepAlive
 from backends.offloop import trace_requests
 from backends.warmth import IdleWarmth
 from backends.errors import (
@@ -399,9 +400,11 @@ class OpenAICompatBackend:
             api_key=config.api_key or PLACEHOLDER_API_KEY,
             max_retries=0,
             timeout=openai.Timeout(config.timeout_s, connect=config.connect_timeout_s),
-            # The SDK's own defaults, with each request's sending traced (when it left: backends/offloop.py).
-            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [trace_requests]},
-                                                       limits=httpx2.Limits(**POOL_LIMITS)),
+            # The SDK's own defaults, with each request's sending traced (when it left: backends/offloop.py)
+            # and sent once more if a kept-alive connection was closed under it (backends/keepalive.py).
+            http_client=openai.DefaultAsyncHttpxClient(
+                event_hooks={"request": [trace_requests]},
+                transport=RetryClosedKeepAlive(limits=httpx2.Limits(**POOL_LIMITS))),
         )
         self._served_models: list[dict[str, Any]] | None = None
         self._warmth = IdleWarmth(lambda: self.warm_up(), WARM_AFTER_IDLE_S)
