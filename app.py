@@ -19,7 +19,7 @@ from core.ratings import one_blas_thread
 
 one_blas_thread()  # before anything imports numpy
 
-from ui import browser_id, commands, engines_view, lab_state, login_guard, page_headers, rounds_view  # noqa: E402
+from ui import browser_id, commands, engines_view, lab_state, live_tap, login_guard, page_headers, rounds_view  # noqa: E402
 from ui import session_view as session  # noqa: E402
 from core.auth import current_config  # noqa: E402
 from ui.session_view import guarded  # noqa: E402
@@ -103,6 +103,12 @@ async def on_chat_start() -> None:
 async def on_chat_resume(thread: dict) -> None:
     await session.resume(thread)
     await rounds_view.resume(thread)
+
+
+@cl.on_window_message
+@guarded
+async def on_window_message(data) -> None:
+    await live_tap.on_window_message(data)
 
 
 @cl.on_settings_update

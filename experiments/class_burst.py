@@ -72,7 +72,8 @@ from bench.verdict import Goal, at_least, at_most, exit_status
 from config import REPO
 from core.load.slo import DEFAULT_PERCENTILE, DEFAULT_SLO, Slo, parse_slo, within
 from core.timing import percentile
-from load.chainlit_client import SOCKET_PATH, browser_auth, browser_headers, page_load_requests, user_message
+from load.chainlit_client import (LIVE_EVENT, LIVE_TAP_OFFER, SOCKET_PATH, browser_auth, browser_headers,
+                                  page_load_requests, user_message)
 from servers.app import backend_env, chainlit_command, start_app
 from servers.paced_openai import PacedServer, start_paced_server
 from servers.postgres import PostgresCluster
@@ -151,6 +152,9 @@ class Tab:
                           headers=browser_headers(self.base_url, "en-US"), auth=browser_auth(self.session_id),
                           wait_timeout=OPEN_TIMEOUT_S)
         await asyncio.wait_for(self.ready.wait(), OPEN_TIMEOUT_S)
+        # As the app's page does: take live figures past Chainlit's elements (ui/live_tap.py; the
+        # floor has no such handler and ignores it). The burst starts once every tab is open.
+        await sio.emit("window_message", LIVE_TAP_OFFER)
 
     async def send(self, text: str) -> None:
         payload = user_message(text, self.base_url + "/")
@@ -198,8 +202,8 @@ class Tab:
                 token = str(data.get("token") or "")
                 reply.text = token if data.get("isSequence") else reply.text + token
                 self._text(reply, reply.text, at_s)
-        elif event == "element" and isinstance(data, dict):
-            self._element(data, at_s)
+        elif event in ("element", LIVE_EVENT) and isinstance(data, dict):
+            self._element(data, at_s)  # a live refresh carries the element's id and props too
 
     def _element(self, element: dict, at_s: float) -> None:
         props = element.get("props")

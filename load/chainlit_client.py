@@ -62,6 +62,11 @@ ERROR_MARKERS = ("could not answer", "无法回答")
 FINAL_STATES = ("completed", "stopped", "error")
 # Chainlit's own callback names for the run steps that wrap them.
 MESSAGE_STEP = "on_message"
+# What a page says (a window message) to take a reply's live figures as `lab_live` events instead of
+# element updates, and the app's answer (ui/live_tap.py; the page's side is public/serving-lab.js).
+LIVE_TAP_OFFER = {"servingLab": "serving-lab-live-tap", "version": 1}
+LIVE_TAP_ACK = "lab_live_ack"
+LIVE_EVENT = "lab_live"
 # How a recording marks the message the client sent (not a server event).
 SENT_MESSAGE = "> client_message"
 
@@ -214,6 +219,7 @@ class ChatTracker:
         self.startup_messages: dict[str, str] = {}
         self.other_messages: list[str] = []
         self.reply: ReplyRecord | None = None
+        self.live_tap_acked = False  # the app sends this tab live figures as LIVE_EVENT
         self._chat_start_task = False
         self._run_steps: set[str] = set()
         self._messages: dict[str, _AssistantMessage] = {}
@@ -258,8 +264,10 @@ class ChatTracker:
             self._step(event, data, at_s)
         elif event == "stream_token" and isinstance(data, dict):
             self._token(data, at_s)
-        elif event == "element" and isinstance(data, dict):
-            self._element(data)
+        elif event in ("element", LIVE_EVENT) and isinstance(data, dict):
+            self._element(data)  # both carry the element's props as "props"
+        elif event == LIVE_TAP_ACK:
+            self.live_tap_acked = True
 
     # ------------------------------------------------------------ internals
 
@@ -379,15 +387,19 @@ class ChainlitClient:
 
     def __init__(self, base_url: str, *, language: str = "en-US", load_page: bool = True,
                  clock: Clock = time.perf_counter, record_events: bool = False,
-                 user_env: dict[str, str] | None = None, http: requests.Session | None = None) -> None:
+                 user_env: dict[str, str] | None = None, http: requests.Session | None = None,
+                 live_tap: bool = False) -> None:
         """`http`: the browser's cookie jar (a login's token, a proxy's route cookie) to open the chat
-        with; by default a new, empty one."""
+        with; by default a new, empty one. `live_tap`: once the chat is open, offer to take live
+        figures past Chainlit's elements, as the app's page does (`LIVE_TAP_OFFER`), and wait for the
+        app's answer; needs a websocket (the app sends them on no other transport)."""
         self.base_url = base_url.rstrip("/")
         self.http = http
         self.replica: str | None = None  # the replica the page load landed on (X-Lab-Replica), if any
         self.language = language
         self.user_env = user_env
         self.load_page = load_page
+        self.live_tap = live_tap
         self.clock = clock
         self.session_id = str(uuid.uuid4())
         self.tracker = ChatTracker()
@@ -426,6 +438,10 @@ class ChainlitClient:
         if not self._wait(lambda: self.tracker.chat_ready or self.tracker.disconnected_at_s is not None,
                           remaining_s) or not self.tracker.chat_ready:
             raise _open_failure("the chat did not start", self.tracker, timeout_s)
+        if self.live_tap:
+            sio.emit("window_message", LIVE_TAP_OFFER)
+            if not self._wait(lambda: self.tracker.live_tap_acked, timeout_s - (self.clock() - started)):
+                raise ChatFailed(f"the app did not take the live tap offer (transport {sio.transport()})")
         return self.tracker.ready_at_s - started
 
     def change_settings(self, timeout_s: float = 10.0, **values: object) -> str:

@@ -1,9 +1,84 @@
 // The page's own scripts, loaded with every page by `custom_js` in .chainlit/config.toml (Chainlit
-// takes one): the names and roles Chainlit's page leaves out (serving-lab-a11y.js), and the custom
-// element's built view (serving-lab-metrics.js, from web/metrics-view.jsx), so the first reply or
-// compare round on a fresh page does not wait for it while it streams (its last token reached the
-// page 117-150 ms late in the first of three 4-column rounds, 31-37 ms in the others).
-// public/elements/Metrics.jsx still loads the view it names itself if this copy is missing or older.
+// takes one), in the page's head, before Chainlit's own code runs.
+//
+// 1. The live tap (ui/live_tap.py). Chainlit re-renders every message of a chat, Markdown and
+//    all, for each update of any element; ten updates of the figures a second kept the page busy
+//    drawing them in a long chat. So the page taps its own socket: once it has offered (a window
+//    message, which Chainlit passes to the app) and the app has answered, a
+//    reply's live figures come as `lab_live` events that only the view reads
+//    (window.ServingLab.live). An `element` event for an id drops the live props held for it:
+//    what arrived last is shown. Only frames on a WebSocket are seen: a page offers once its socket
+//    carries messages on one, and the app sends live props only while that socket is on a
+//    WebSocket (else as element updates, as before).
+// 2. The names and roles Chainlit's page leaves out (serving-lab-a11y.js), and the custom element's
+//    built view (serving-lab-metrics.js, from web/metrics-view.jsx), so the first reply or compare
+//    round on a fresh page does not wait for it while it streams (its last token reached the page
+//    117-150 ms late in the first of three 4-column rounds, 31-37 ms in the others).
+//    public/elements/Metrics.jsx still loads the view it names itself if this copy is missing or older.
+(() => {
+  const lab = (window.ServingLab = window.ServingLab || {});
+  if (lab.live) return;
+  const held = new Map(); // element id -> the latest live props
+  const listeners = new Map(); // element id -> Set of callbacks
+  const tell = (id) => (listeners.get(id) || []).forEach((listener) => listener(held.get(id)));
+  lab.live = {
+    props: (id) => held.get(id),
+    subscribe(id, listener) {
+      if (!listeners.has(id)) listeners.set(id, new Set());
+      listeners.get(id).add(listener);
+      return () => {
+        const set = listeners.get(id);
+        set.delete(listener);
+        if (!set.size) listeners.delete(id);
+      };
+    },
+    acked: null, // the WebSocket on which the app agreed to send live props
+  };
+
+  // The offer goes once a WebSocket carries socket.io messages (Chainlit's socket starts on
+  // long-polling and moves to a WebSocket), again on each new one (a reconnect), until answered.
+  const OFFER = { servingLab: "serving-lab-live-tap", version: 1 };
+  const TRIES = 5;
+  let current = null; // the WebSocket that carries the chat now
+  const offer = (socket, tries) => {
+    if (lab.live.acked === socket || current !== socket || tries <= 0) return;
+    window.postMessage(OFFER, window.location.origin);
+    setTimeout(() => offer(socket, tries - 1), 2000);
+  };
+  // socket.io on engine.io: '42["name",data]' is an event. Parsed only for the kinds the tap acts on.
+  const frame = (socket, data) => {
+    if (current !== socket) {
+      current = socket;
+      offer(socket, TRIES);
+    }
+    if (data.startsWith('42["lab_live",')) {
+      const { id, props } = JSON.parse(data.slice(2))[1];
+      held.set(id, props);
+      tell(id);
+    } else if (data.startsWith('42["element",') || data.startsWith('42["remove_element",')) {
+      // No one is told: Chainlit renders the element with these props next, and the view, reading
+      // what is held as it renders, then finds nothing newer.
+      const element = JSON.parse(data.slice(2))[1];
+      if (element) held.delete(element.id);
+    } else if (data.startsWith('42["lab_live_ack",')) {
+      lab.live.acked = socket;
+    }
+  };
+  const NativeWebSocket = window.WebSocket;
+  window.WebSocket = class extends NativeWebSocket {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("message", (event) => {
+        if (typeof event.data !== "string" || !event.data.startsWith("4")) return; // engine.io messages only
+        try {
+          frame(this, event.data);
+        } catch (error) {
+          console.warn("serving-lab live tap: a frame it could not read", error);
+        }
+      });
+    }
+  };
+})();
 (() => {
   for (const src of ["/public/serving-lab-a11y.js", "/public/serving-lab-metrics.js"]) {
     const script = document.createElement("script");

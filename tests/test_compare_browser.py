@@ -403,7 +403,8 @@ def test_blind_round_sends_no_names_until_the_vote_then_reveals_and_counts_it(
 
 
 def compare_updates(frames: list[str], round_id: str) -> list[dict]:
-    """The compare grid's props in every element update among `frames` for one round, in order."""
+    """The compare grid's props in every update among `frames` for one round, in order: Chainlit's element
+    events and the live refreshes a tapped page gets past them (`lab_live`, ui/live_tap.py)."""
     updates = []
     for frame in frames:
         for packet in frame.split("\x1e"):  # socket.io packets: '42["element", {...}]'
@@ -414,7 +415,8 @@ def compare_updates(frames: list[str], round_id: str) -> list[dict]:
                 event = json.loads(packet[start:])
             except ValueError:
                 continue
-            if isinstance(event, list) and len(event) == 2 and event[0] == "element" and isinstance(event[1], dict):
+            if isinstance(event, list) and len(event) == 2 and event[0] in ("element", "lab_live") \
+                    and isinstance(event[1], dict):
                 props = event[1].get("props") or {}
                 if props.get("kind") == "compare" and props.get("roundId") == round_id:
                     updates.append(props)

@@ -124,9 +124,10 @@ def blind_frames(frames: list[str], prompt: str) -> list[str]:
             chosen += blind_round_parts(args[0], prompt)
             continue
         seen_prompt = seen_prompt or prompt in frame
-        props = args[0].get("props") if event == "element" and args and isinstance(args[0], dict) else None
+        props = args[0].get("props") if event in ("element", "lab_live") and args and isinstance(args[0], dict) \
+            else None
         if (isinstance(props, dict) and props.get("blind") and not props.get("revealed")) or (
-                seen_prompt and event not in ("element", "chat_settings")):
+                seen_prompt and event not in ("element", "lab_live", "chat_settings")):
             chosen.append(frame)
     return chosen
 

@@ -35,6 +35,7 @@ from core.session_state import LabSession
 from core.figures import initial_props
 from ui.browser_id import browser_id
 from ui.live import LiveReply
+from ui import live_tap
 from core.images import configured_image_origins, remote_images_as_links
 from ui.session_memory import free_closed_sessions
 from core.settings import SessionSettings, SettingsRejected
@@ -54,7 +55,9 @@ class MetricsElement(cl.CustomElement):
     session. Live refreshes only need the new props in the browser, so only
     final props are written: the reply's frozen figures, a round once every
     column has ended (and again when its vote reveals it). The database row
-    is what a chat reopened from the history sidebar shows.
+    is what a chat reopened from the history sidebar shows. A page that taps its
+    socket gets the live refreshes past Chainlit's element list (ui/live_tap.py);
+    the props carry the element's id (`liveId`) so its view can find them.
     """
 
     @property
@@ -78,8 +81,16 @@ class MetricsElement(cl.CustomElement):
         self.persisted = True
         return True
 
+    def to_dict(self):
+        element = super().to_dict()
+        element["props"] = {**(self.props or {}), "liveId": self.id}
+        return element
+
     async def update(self) -> None:
         final = self.final
+        if not final and live_tap.page_listens():
+            await live_tap.send(self.id, self.props)
+            return
         self.updatable = final
         if final:
             self.content = json.dumps(self.props)

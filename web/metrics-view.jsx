@@ -11,9 +11,9 @@
 // a 2000 tok/s reply reached the page 100-300 ms after the server sent it. Built once and loaded
 // once, the components keep their identity: React re-renders only what changed.
 //
-// The server refreshes the props ~10 times per second while streaming, then once
-// more with the final, frozen measurement and the reply's timeline (see
-// core/timing.py for the definitions). The timeline is drawn only from the final
+// The server refreshes the props ~10 times per second while streaming (on the page's tapped
+// socket, past Chainlit's elements: `useLatest`), then once more with the final, frozen
+// measurement and the reply's timeline (see core/timing.py for the definitions). The timeline is drawn only from the final
 // props, so nothing heavy renders while a reply streams. With
 // `kind === "compare"` the element is a grid with one column per
 // backend (core/rounds.py decides what a blind round may show).
@@ -714,10 +714,25 @@ function defineView(React, Markdown) {
     );
   }
 
+  // The element's props as they are now: the live props the page's socket tap holds for this
+  // element (public/serving-lab.js, ui/live_tap.py) when they came after Chainlit's last update of
+  // it, else Chainlit's. Read as the view renders; the tap's news only asks for a render.
+  function useLatest(data) {
+    const live = window.ServingLab && window.ServingLab.live;
+    const id = data.liveId;
+    const [, setNews] = useState(0);
+    useEffect(() => {
+      if (!live || !id) return undefined;
+      return live.subscribe(id, () => setNews((n) => n + 1));
+    }, [live, id]);
+    return (live && id && live.props(id)) || data;
+  }
+
   function Metrics({ data, api }) {
-    if (data.kind === "compare") return <CompareGrid p={data} api={api} />;
-    if (data.kind === "engines") return <EnginePanel p={data} api={api} />;
-    return <Figures p={data} />;
+    const p = useLatest(data);
+    if (p.kind === "compare") return <CompareGrid p={p} api={api} />;
+    if (p.kind === "engines") return <EnginePanel p={p} api={api} />;
+    return <Figures p={p} />;
   }
 
   return Metrics;

@@ -7,7 +7,7 @@
 import { useEffect, useState } from "react";
 import { Markdown } from "@/components/markdown";
 
-const VERSION = "8f9cc1f43a96";
+const VERSION = "52378d120666";
 const SCRIPT = `/public/serving-lab-metrics.js?v=${VERSION}`;
 const lab = (window.ServingLab = window.ServingLab || {});
 const kept = (lab.kept = lab.kept || {});

@@ -1,0 +1,102 @@
+"""The live tap's protocol, as a socket.io client speaks it (ui/live_tap.py, load/chainlit_client.py).
+
+A tab that offers (the window message the app's page sends) is answered and gets a reply's live
+figures as `lab_live` events, the element only created and final; a tab that never offers, offers
+another version, or is on long-polling gets every refresh as an element update, as before.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import load.chainlit_client as chainlit_client
+from load.chainlit_client import LIVE_EVENT, LIVE_TAP_ACK, LIVE_TAP_OFFER, ChainlitClient
+from servers.app import backend_env
+from servers.paced_openai import start_paced_server
+from ui import live_tap
+
+pytestmark = pytest.mark.slow
+
+RATE = 25  # tokens/s: 30 tokens stream for 1.2 s, about 12 refreshes
+TOKENS = 30
+REPLY_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def app(app_factory, tmp_path_factory):
+    paced = start_paced_server(RATE, TOKENS, name="paced-live-tap")
+    database = tmp_path_factory.mktemp("live-tap-protocol") / "lab.db"
+    try:
+        yield app_factory({"BACKENDS": "paced", "DEFAULT_BACKEND": "paced", "DEFAULT_SYSTEM_PROMPT": "none",
+                           "DEFAULT_MAX_NEW_TOKENS": str(TOKENS), "DATABASE_URL": f"sqlite:///{database}",
+                           **backend_env("paced", kind="openai", base_url=paced.base_url, label="Paced")},
+                          name="chainlit-live-tap")
+    finally:
+        paced.stop()
+
+
+def figures(client: ChainlitClient, since: int) -> dict[str, list[str]]:
+    """The states of the figures' props after event `since`, by the event that carried them."""
+    by_event: dict[str, list[str]] = {"element": [], LIVE_EVENT: []}
+    for _, event, data in client.events[since:]:
+        props = data.get("props") if isinstance(data, dict) else None
+        if event in by_event and isinstance(props, dict) and "state" in props:
+            by_event[event].append(props["state"])
+    return by_event
+
+
+def ask(client: ChainlitClient) -> dict[str, list[str]]:
+    since = len(client.events)
+    record = client.ask("count", REPLY_TIMEOUT_S)
+    assert record.outcome == "replied", record.as_dict()
+    assert record.output_tokens == TOKENS, record.as_dict()  # the final figures arrived either way
+    return figures(client, since)
+
+
+def test_an_offering_tab_gets_live_figures_as_lab_live_and_the_element_only_created_and_final(app):
+    with ChainlitClient(app.url, record_events=True, live_tap=True) as client:
+        client.open_chat(timeout_s=60)
+        assert client.transport == "websocket"
+        shown = ask(client)
+    assert shown["element"] == ["starting", "completed"], shown
+    assert len(shown[LIVE_EVENT]) >= 5 and set(shown[LIVE_EVENT]) <= {"starting", "streaming"}, shown
+
+
+def test_control_a_tab_that_never_offers_gets_every_refresh_as_an_element_update(app):
+    with ChainlitClient(app.url, record_events=True) as client:
+        client.open_chat(timeout_s=60)
+        shown = ask(client)
+    assert shown[LIVE_EVENT] == [], shown
+    assert shown["element"][0] == "starting" and shown["element"][-1] == "completed", shown
+    assert shown["element"].count("streaming") >= 5, shown
+
+
+def test_an_offer_of_another_version_is_not_taken(app):
+    with ChainlitClient(app.url, record_events=True) as client:
+        client.open_chat(timeout_s=60)
+        client._sio.emit("window_message", {**LIVE_TAP_OFFER, "version": LIVE_TAP_OFFER["version"] + 1})
+        shown = ask(client)
+        assert not client.tracker.live_tap_acked
+    assert shown[LIVE_EVENT] == [] and shown["element"].count("streaming") >= 5, shown
+
+
+def test_a_tab_on_long_polling_is_answered_but_gets_element_updates(app, monkeypatch):
+    # The page's tap sees WebSocket frames only: on long-polling the app keeps to Chainlit's elements.
+    monkeypatch.setattr(chainlit_client, "_websocket_client_installed", lambda: False)
+    with ChainlitClient(app.url, record_events=True, live_tap=True) as client:
+        client.open_chat(timeout_s=60)
+        assert client.transport == "polling" and client.tracker.live_tap_acked
+        shown = ask(client)
+    assert shown[LIVE_EVENT] == [] and shown["element"].count("streaming") >= 5, shown
+
+
+def test_the_page_the_load_client_and_the_app_speak_the_same_offer():
+    assert live_tap.is_offer(LIVE_TAP_OFFER)
+    assert not live_tap.is_offer({**LIVE_TAP_OFFER, "version": 2}) and not live_tap.is_offer("hello")
+    assert (LIVE_EVENT, LIVE_TAP_ACK) == (live_tap.EVENT, live_tap.ACK)
+    page = (Path(__file__).parent.parent / "public" / "serving-lab.js").read_text(encoding="utf-8")
+    assert f'servingLab: "{live_tap.OFFER}", version: {live_tap.VERSION}' in page
+    assert re.search(rf"42\[\"{live_tap.EVENT}\",", page) and re.search(rf"42\[\"{live_tap.ACK}\",", page)
