@@ -221,3 +221,72 @@ def test_a_stream_faster_than_anyone_reads_is_drawn_less_often():
     slow = run_in_virtual_time(draws(20, 50))
     assert fast == [pytest.approx(FAST_TEXT_INTERVAL_S)] * 2, fast
     assert slow == [pytest.approx(TEXT_INTERVAL_S)] * 8, slow
+
+
+class RecordingMetrics(FakeMetrics):
+    """Figures that note when their final update came (the reply's end work)."""
+
+    def __init__(self):
+        super().__init__()
+        self.final_at: float | None = None
+
+    async def update(self) -> None:
+        await super().update()
+        if self.props.get("state") in ("completed", "stopped", "error"):
+            self.final_at = asyncio.get_running_loop().time()
+
+
+def two_replies(first_tokens: int, second_tokens: int, rate: float = 100):
+    """Two replies on one loop, started together: (message, metrics) of each."""
+    async def main():
+        replies = [(FakeMessage(), RecordingMetrics()) for _ in range(2)]
+        await asyncio.gather(*(LiveReply(timed(paced(tokens, rate)), message, metrics).run()
+                               for tokens, (message, metrics) in zip((first_tokens, second_tokens), replies)))
+        return replies
+
+    return run_in_virtual_time(main())
+
+
+def test_a_replys_end_waits_for_the_last_text_of_a_reply_ending_just_after_it():
+    (first, first_metrics), (second, _) = two_replies(10, 13)  # the second's text ends 30 ms later
+    # The first reply's last text went when its stream ended; its final figures only after the
+    # second reply's last text had gone out.
+    assert first.emits[-1][0] == pytest.approx(0.1)
+    assert second.emits[-1][0] == pytest.approx(0.13)
+    assert first_metrics.final_at == pytest.approx(0.13)
+
+
+def test_control_a_reply_alone_ends_at_once():
+    async def main():
+        message, metrics = FakeMessage(), RecordingMetrics()
+        await LiveReply(timed(paced(10, 100)), message, metrics).run()
+        return message, metrics
+
+    message, metrics = run_in_virtual_time(main())
+    assert message.emits[-1][0] == pytest.approx(0.1) and metrics.final_at == pytest.approx(0.1)
+
+
+def test_a_replys_end_waits_for_the_others_at_most_end_wait_s():
+    from ui.live import END_WAIT_S
+
+    (first, first_metrics), (second, second_metrics) = two_replies(10, 100)  # the second ends 0.9 s later
+    assert first_metrics.final_at == pytest.approx(0.1 + END_WAIT_S)
+    assert second_metrics.final_at == pytest.approx(1.0)  # the last one waits for nobody
+
+
+def test_a_stop_while_the_end_waits_keeps_the_complete_reply():
+    async def main():
+        message, metrics = FakeMessage(), RecordingMetrics()
+        other = asyncio.create_task(LiveReply(timed(paced(100, 100)), FakeMessage(), RecordingMetrics()).run())
+        reply = asyncio.create_task(LiveReply(timed(paced(10, 100)), message, metrics).run())
+        await asyncio.sleep(0.15)  # its text is complete (0.1 s); its end waits for the other reply
+        assert metrics.final_at is None
+        reply.cancel()  # the person's Stop, just after the last token
+        outcome = await reply
+        other.cancel()
+        await other  # a Stop ends that one too, kept: nothing is left running
+        return outcome, metrics
+
+    outcome, metrics = run_in_virtual_time(main())
+    assert outcome.status == "completed" and outcome.record.output_tokens == 10
+    assert metrics.props["state"] == "completed" and metrics.final_at == pytest.approx(0.15)

@@ -8,8 +8,11 @@ Measurement stays per chunk (in `timing`); only rendering is batched:
   of tokens/s does not leave the browser behind; the last text is not held
   either: once the engine says the reply is finished (a chunk's finish reason),
   what is pending goes at once, before the stream is closed and measured;
-- the metrics element is refreshed at most every METRICS_INTERVAL_S (~10 Hz),
-  because each refresh re-mounts it.
+- the metrics element is refreshed at most every METRICS_INTERVAL_S (~10 Hz);
+- a reply's end (its final figures, then the caller's last update of the message and its rows)
+  waits while other replies on this loop still have text coming, up to END_WAIT_S: a class's
+  replies end within tens of ms of each other, and each end done at once held the others' last
+  text back (reply end +86 / +131 ms over bare Chainlit's, p50 / p99, with 60 students at once).
 
 `LiveReply` talks to duck-typed `message` (`stream_token`) and `metrics`
 (`props`, `update`) objects, so the same code drives Chainlit and unit tests,
@@ -20,6 +23,7 @@ as one element, core/rounds.py).
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Awaitable, Callable, Protocol
 
 from backends.base import PreparedRequest, StreamChunk
@@ -35,6 +39,7 @@ TEXT_INTERVAL_S = 0.04
 FAST_CHUNKS = 20
 FAST_TEXT_INTERVAL_S = 0.1
 METRICS_INTERVAL_S = 0.1
+END_WAIT_S = 0.1
 
 
 class TextSink(Protocol):
@@ -79,6 +84,7 @@ class LiveReply:
         self._text_finished = False  # the engine said no more text follows
         self._pause: asyncio.Future | None = None  # the text loop's wait between drawings
         self._shown_first: asyncio.Task | None = None
+        self._streams: TextStreams | None = None  # this loop's replies with text to come, while this one's is
 
     async def run(self, shown: Awaitable[None] | None = None) -> StreamOutcome:
         """Stream to the end, a backend error, or the person's Stop (core.streaming.consume); the
@@ -89,6 +95,8 @@ class LiveReply:
         into the message before it has finished."""
         showing = asyncio.create_task(shown) if shown is not None else None
         self._shown_first = showing
+        self._streams = text_streams()
+        self._streams.opened()
         renderers = [asyncio.create_task(self._text_loop()), asyncio.create_task(self._figures_loop())]
         try:
             outcome = await consume(self.timed, on_chunk=self._take)
@@ -103,6 +111,9 @@ class LiveReply:
             if showing is not None:
                 await asyncio.shield(showing)  # the message exists before its last text and figures
         await self._flush_text()
+        self._text_complete()
+        if outcome.status == "completed":
+            await self._after_other_texts()
         engine_at_start = self.engine_at_start
         if callable(engine_at_start):  # a shared reading, taken while the reply streamed
             engine_at_start = await engine_at_start()
@@ -122,6 +133,23 @@ class LiveReply:
             self._text_arrived.set()
             if self._pause is not None:
                 _wake(self._pause)
+            self._text_complete()
+
+    def _text_complete(self) -> None:
+        """No more text of this reply (said once)."""
+        streams, self._streams = self._streams, None
+        if streams is not None:
+            streams.closed()
+
+    async def _after_other_texts(self) -> None:
+        """Wait (END_WAIT_S at most) until no other reply on this loop has text to come. A Stop in
+        the meantime ends nothing: this reply's text is complete, and it is kept and stored."""
+        try:
+            await text_streams().quiet(END_WAIT_S)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
 
     async def _flush_text(self) -> int:
         """Send what came since the last drawing; how many chunks it held."""
@@ -171,6 +199,50 @@ class LiveReply:
                 queue_shown=self.queue_shown is None or self.queue_shown(),
             )
             await self.metrics.update()
+
+
+class TextStreams:
+    """The replies on one event loop whose text is still coming, and reply ends waiting for them."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self._waiters: list[asyncio.Future] = []
+
+    def opened(self) -> None:
+        self.open += 1
+
+    def closed(self) -> None:
+        self.open -= 1
+        if self.open == 0:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                _wake(waiter)
+
+    async def quiet(self, timeout_s: float) -> None:
+        """Return once no reply's text is coming, or after `timeout_s`."""
+        if self.open <= 0:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+
+_text_streams: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, TextStreams]" = weakref.WeakKeyDictionary()
+
+
+def text_streams() -> TextStreams:
+    """The running loop's `TextStreams` (Chainlit serves every session on one loop)."""
+    loop = asyncio.get_running_loop()
+    streams = _text_streams.get(loop)
+    if streams is None:
+        streams = _text_streams[loop] = TextStreams()
+    return streams
 
 
 def _wake(pause: asyncio.Future) -> None:
