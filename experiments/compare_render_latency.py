@@ -6,7 +6,8 @@ of them running concurrently, and Debian's chromium. For every reply it
 measures, per column, the delay from the server handing over its last token
 (a marker word unique to the request) to that word entering the page's DOM
 and to the next painted frame (MutationObserver + requestAnimationFrame, same
-machine clock). It also counts the element updates the browser received per
+machine clock). It also counts the round's updates the browser received (Chainlit's element
+events and the live refreshes a tapped page takes past them, ui/live_tap.py) per
 second of streaming: the whole round is one element update per tick, however
 many columns and tokens.
 
@@ -43,7 +44,10 @@ COUNT_UPDATES_JS = """
     constructor(...args) {
       super(...args);
       this.addEventListener("message", (event) => {
-        if (typeof event.data === "string" && event.data.startsWith('42["element"')) window.__elementUpdates.push(Date.now());
+        const data = event.data;
+        if (typeof data === "string" && (data.startsWith('42["element"') || data.startsWith('42["lab_live"'))) {
+          window.__elementUpdates.push(Date.now());
+        }
       });
     }
   };
