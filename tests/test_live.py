@@ -62,9 +62,9 @@ def test_fast_stream_is_coalesced_and_complete():
     message, metrics, outcome = run_in_virtual_time(main())
     expected = "".join(f"{i} " for i in range(300))
     assert outcome.text == expected and "".join(t for _, t in message.emits) == expected
-    # 0.6 s of streaming: the first text at once, two drawings 40 ms apart until 20 chunks came in
-    # one interval, then one every 100 ms, and the rest when the stream ended: 9 drawings, not 300.
-    assert len(message.emits) == 9
+    # 0.6 s of streaming: the first text at once, the next 40 ms later (19 chunks in 40 ms: 475/s,
+    # over 400/s), then one every 100 ms, and the rest when the stream ended: 8 drawings, not 300.
+    assert len(message.emits) == 8
     assert message.emits[0] == (pytest.approx(0.002), "0 ") and message.emits[-1][0] == pytest.approx(0.6)
     assert outcome.record.output_tokens == 300 and outcome.record.status == "completed"
     assert metrics.props["state"] == "completed" and metrics.props["tokens"] == 300
@@ -77,7 +77,7 @@ def test_the_last_text_is_drawn_the_moment_the_stream_ends_not_an_interval_later
         arrived = {}
 
         async def stream():
-            async for chunk in paced(50, 500):
+            async for chunk in paced(30, 300):  # under 400/s: drawn every 40 ms
                 arrived["last"] = loop.time()
                 yield chunk
 
@@ -105,8 +105,8 @@ def test_the_last_text_goes_when_the_engine_says_finished_not_when_the_stream_ha
 
         async def stream():
             yield StreamChunk("", 0)
-            for i in range(30):  # 30 tokens at 500/s: the loop is always inside an interval
-                await asyncio.sleep(1 / 500)
+            for i in range(30):  # 30 tokens at 300/s (drawn every 40 ms): the loop is always inside an interval
+                await asyncio.sleep(1 / 300)
                 seen["last_text"] = loop.time()
                 yield StreamChunk(f"{i} ", 1)
             if say_finished:
@@ -207,9 +207,9 @@ def test_the_first_text_is_shown_at_once_and_later_text_is_coalesced():
 
 
 def test_a_stream_faster_than_anyone_reads_is_drawn_less_often():
-    """Past FAST_CHUNKS chunks per interval the text goes at most every FAST_TEXT_INTERVAL_S (each
-    drawing re-renders the whole message in the browser); a slow stream keeps the short interval."""
-    from ui.live import FAST_TEXT_INTERVAL_S, TEXT_INTERVAL_S
+    """From 400 chunks/s the text goes at most every 100 ms, from 1200 every 200 ms (each drawing
+    re-renders the whole message in the browser); a slow stream keeps the short interval."""
+    from ui.live import TEXT_INTERVAL_S
 
     async def draws(tokens: int, rate: float) -> list[float]:
         message, metrics = FakeMessage(), FakeMetrics()
@@ -217,9 +217,11 @@ def test_a_stream_faster_than_anyone_reads_is_drawn_less_often():
         times = [at for at, _ in message.emits]
         return [b - a for a, b in zip(times[1:], times[2:-1])]  # between drawings, first and last aside
 
-    fast = run_in_virtual_time(draws(600, 2000))
+    fastest = run_in_virtual_time(draws(1200, 2000))  # 0.6 s
+    fast = run_in_virtual_time(draws(600, 1000))  # 0.6 s
     slow = run_in_virtual_time(draws(20, 50))
-    assert fast == [pytest.approx(FAST_TEXT_INTERVAL_S)] * 2, fast
+    assert fastest == [pytest.approx(0.2)] * 2, fastest
+    assert fast == [pytest.approx(0.1)] * 5, fast
     assert slow == [pytest.approx(TEXT_INTERVAL_S)] * 8, slow
 
 

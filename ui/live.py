@@ -2,7 +2,7 @@
 
 Measurement stays per chunk (in `timing`); only rendering is batched:
 - text goes to the browser as soon as it arrives, then at most every
-  TEXT_INTERVAL_S with whatever came meanwhile (FAST_TEXT_INTERVAL_S once a
+  TEXT_INTERVAL_S with whatever came meanwhile (FAST_TEXT_INTERVALS_S once a
   stream outruns any reader): the first text is never held back (a class sees
   it as soon as a bare Chainlit app would show it), and a backend at thousands
   of tokens/s does not leave the browser behind; the last text is not held
@@ -32,12 +32,13 @@ from core.streaming import StreamOutcome, Stopped, consume
 from core.timing import TimedStream
 
 TEXT_INTERVAL_S = 0.04
-# A stream faster than anyone reads (this many chunks in one interval: 500 tokens/s and up) is drawn
-# at most every FAST_TEXT_INTERVAL_S: each drawing re-renders the whole message in the browser, and
-# at 2000 tokens/s drawings every 40 ms left the browser 40-100 ms behind the last token; every
-# 100 ms, 13-24 ms. The last text still goes out at once when the stream ends.
-FAST_CHUNKS = 20
-FAST_TEXT_INTERVAL_S = 0.1
+# A stream faster than anyone reads is drawn less often: each drawing re-renders the whole message
+# in the browser (Chainlit parses its Markdown again), and a drawing the browser is still busy with
+# when the last text comes makes the last text wait. Chunks per second since the last drawing ->
+# the wait before the next. At 2000 tokens/s drawings every 40 ms left the last token 40-100 ms
+# behind; every 100 ms, 21-41 ms (the drawing 10 ms before the end of a 150 ms reply); every 200 ms,
+# the last text is the next drawing. The last text still goes out at once when the stream ends.
+FAST_TEXT_INTERVALS_S = ((1200.0, 0.2), (400.0, 0.1))
 METRICS_INTERVAL_S = 0.1
 END_WAIT_S = 0.1
 
@@ -166,14 +167,18 @@ class LiveReply:
         # comes meanwhile; text that arrives after a quiet interval goes at once.
         if self._shown_first is not None:
             await asyncio.shield(self._shown_first)
+        loop = asyncio.get_running_loop()
+        drawn_at = None
         while True:
             await self._text_arrived.wait()
             self._text_arrived.clear()
             chunks = await self._flush_text()
             if self._text_finished:
                 continue  # nothing is held once the reply's text is complete
-            fast = chunks >= FAST_CHUNKS and self.text_interval_s < FAST_TEXT_INTERVAL_S
-            await self._wait_between_drawings(FAST_TEXT_INTERVAL_S if fast else self.text_interval_s)
+            now, since = loop.time(), drawn_at
+            drawn_at = now
+            rate = chunks / (now - since) if since is not None and now > since else 0.0
+            await self._wait_between_drawings(text_interval(rate, self.text_interval_s))
 
     async def _wait_between_drawings(self, seconds: float) -> None:
         """`asyncio.sleep(seconds)`, cut short when the reply's text is complete (`_take`)."""
@@ -199,6 +204,14 @@ class LiveReply:
                 queue_shown=self.queue_shown is None or self.queue_shown(),
             )
             await self.metrics.update()
+
+
+def text_interval(chunks_per_s: float, interval_s: float = TEXT_INTERVAL_S) -> float:
+    """The wait after a drawing, for a stream that came at `chunks_per_s` since the drawing before."""
+    for rate, wait_s in FAST_TEXT_INTERVALS_S:
+        if chunks_per_s >= rate:
+            return max(wait_s, interval_s)
+    return interval_s
 
 
 class TextStreams:
