@@ -91,10 +91,9 @@ class LiveReply:
         """Stream to the end, a backend error, or the person's Stop (core.streaming.consume); the
         partial text of a stopped reply stays, and its figures say "stopped".
 
-        `shown` puts the message on screen (Chainlit's send, a database write or two): it runs while
-        the request is on its way, not before it leaves, and nothing is drawn into the message
-        before it has finished. The figures' first drawing (one interval later, or the final one)
-        may be what puts them on screen (ChatReplyView.stream)."""
+        `shown` puts the message and its figures on screen (Chainlit's sends, a database write or
+        two): it runs while the request is on its way, not before it leaves, and nothing is drawn
+        into the message before it has finished."""
         showing = asyncio.create_task(shown) if shown is not None else None
         self._shown_first = showing
         self._streams = text_streams()
@@ -193,7 +192,8 @@ class LiveReply:
 
     async def _figures_loop(self) -> None:
         # The first drawing waits one interval: the request leaves (and its clock starts) first,
-        # so no drawing of ours can sit between the clock starting and the request leaving.
+        # so no drawing of ours can sit between the clock starting and the request leaving (the
+        # figures already show "starting" from the message's first send).
         if self._shown_first is not None:
             await asyncio.shield(self._shown_first)
         while True:

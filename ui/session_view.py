@@ -87,9 +87,6 @@ class MetricsElement(cl.CustomElement):
         return element
 
     async def update(self) -> None:
-        if not self.persisted:  # not on the page yet (a reply's figures, ChatReplyView.stream): created now
-            await self.send(self.for_id)
-            return
         final = self.final
         if not final and live_tap.page_listens():
             await live_tap.send(self.id, self.props)
@@ -435,16 +432,12 @@ class ChatReplyView:
         message = cl.Message(content="", author=_author(backend.label, backend.name))
         props = initial_props(backend=plan.label, model=plan.model, request=plan.request, lang=self.lang)
         metrics = MetricsElement(name="Metrics", props=props, display="inline")
+        message.elements = [metrics]
 
         async def shown() -> None:
             # Marked with this process until it ends (the update below replaces the metadata).
             message.metadata = await app_state().in_flight_mark()
             await message.send()
-            # The figures go on screen with their first refresh (LiveReply, METRICS_INTERVAL_S), not
-            # with the message: the page draws the whole chat again for a new element, and a reply
-            # that streams at once would have its text wait behind it (at 5000 tokens/s the reply is
-            # over in 60 ms); one shorter than that gets its figures once, final.
-            metrics.for_id = message.id
 
         async def engine_at_start() -> str | None:
             await plan.engine_state()
