@@ -107,12 +107,12 @@ class LiveReply:
             if task is not None:
                 task.uncancel()  # handled here on purpose: the handler goes on to store the reply
         finally:
+            self._text_complete()  # however it ended (an unexpected error too): no text of this reply is to come
             for renderer in renderers:
                 renderer.cancel()
             if showing is not None:
                 await asyncio.shield(showing)  # the message exists before its last text and figures
         await self._flush_text()
-        self._text_complete()
         if outcome.status == "completed":
             await self._after_other_texts()
         engine_at_start = self.engine_at_start
