@@ -199,8 +199,12 @@ def test_a_sweep_finds_the_known_capacity_of_a_real_engine_with_two_slots(tmp_pa
     one, two, last = rows[0], rows[1], rows[-1]
     assert last["saturation"].startswith("tokens/s stopped rising")
     assert all(row["saturation"] == "" for row in rows[:-1])
-    # 4 people, 8 requests, 2 slots: only the first 2 start at once, the other 6 wait a whole reply.
-    assert float(one["slo_share"]) == 1.0 and float(two["slo_share"]) == 1.0 and float(rows[2]["slo_share"]) == 0.25
+    # 4 people, 8 requests, 2 slots: the first 2 start at once and the others wait for a slot, most of
+    # them a whole reply. One person whose requests left a little after the first two (a busy machine
+    # starts the four apart) can find a slot freed within the objective: 3 of 8 met in a CI run, never
+    # the 90 % a level needs to count as held.
+    assert float(one["slo_share"]) == 1.0 and float(two["slo_share"]) == 1.0
+    assert 0.25 <= float(rows[2]["slo_share"]) <= 0.5
     # The engine's own gauges, sampled: one reply at a time for 1 person, never more than its 2 slots.
     assert int(one["max_running"]) == 1 and int(last["max_waiting"]) >= 1 and int(last["max_running"]) == 2
     summary = json.loads((tmp_path / "summary.json").read_text())
