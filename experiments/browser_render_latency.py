@@ -37,7 +37,7 @@ import time
 from bench.verdict import at_most, exit_status
 from experiments.class_burst import start_floor
 from servers.app import backend_env, start_app
-from servers.browser import launch_chromium
+from servers.browser import launch_chromium, socket_messages_js
 from servers.paced_openai import start_paced_server
 
 GOAL_MS = 100.0
@@ -46,25 +46,13 @@ REPLY_TIMEOUT_S = 120.0
 
 # Installed before the page's scripts: records when a WebSocket message carrying a marker arrives
 # (before the app's client code handles it), to split the delay into network/app and browser work.
-SOCKET_JS = """
-(() => {
-  window.__markerSocket = {};
-  const pattern = /pacedend\\d+x[0-9a-f]{8}/g;
-  const NativeWebSocket = window.WebSocket;
-  window.WebSocket = class extends NativeWebSocket {
-    constructor(...args) {
-      super(...args);
-      this.addEventListener("message", (event) => {
-        if (typeof event.data !== "string" || event.data.indexOf("pacedend") < 0) return;
-        const now = Date.now();
-        for (const marker of event.data.match(pattern) || []) {
-          if (!window.__markerSocket[marker]) window.__markerSocket[marker] = now;
-        }
-      });
-    }
-  };
-})();
-"""
+SOCKET_JS = "window.__markerSocket = {};\n" + socket_messages_js("""(data) => {
+  if (data.indexOf("pacedend") < 0) return;
+  const now = Date.now();
+  for (const marker of data.match(/pacedend\\d+x[0-9a-f]{8}/g) || []) {
+    if (!window.__markerSocket[marker]) window.__markerSocket[marker] = now;
+  }
+}""")
 
 # Records, per marker word, when it entered the DOM and when the next frame was drawn.
 OBSERVER_JS = """

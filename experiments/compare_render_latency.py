@@ -29,30 +29,16 @@ import time
 from bench.verdict import at_most, exit_status
 from experiments.browser_render_latency import OBSERVER_JS, wait_for
 from servers.app import backend_env, start_app
-from servers.browser import launch_chromium
+from servers.browser import launch_chromium, socket_messages_js
 from servers.paced_openai import start_paced_server
 
 GOAL_MS = 100.0
 # issue 21: four columns at 500 tokens/s each, every last token on the page within 50 ms
 GOALS_MS = {(4, 500.0): 50.0}
 REPLY_TIMEOUT_S = 120.0
-COUNT_UPDATES_JS = """
-(() => {
-  window.__elementUpdates = [];
-  const NativeWebSocket = window.WebSocket;
-  window.WebSocket = class extends NativeWebSocket {
-    constructor(...args) {
-      super(...args);
-      this.addEventListener("message", (event) => {
-        const data = event.data;
-        if (typeof data === "string" && (data.startsWith('42["element"') || data.startsWith('42["lab_live"'))) {
-          window.__elementUpdates.push(Date.now());
-        }
-      });
-    }
-  };
-})();
-"""
+COUNT_UPDATES_JS = "window.__elementUpdates = [];\n" + socket_messages_js("""(data) => {
+  if (data.startsWith('42["element"') || data.startsWith('42["lab_live"')) window.__elementUpdates.push(Date.now());
+}""")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ import statistics
 
 from bench.verdict import at_most, exit_status
 from servers.app import backend_env, start_app
-from servers.browser import launch_chromium
+from servers.browser import launch_chromium, socket_messages_js
 from servers.paced_openai import start_paced_server
 
 GOAL_TAPPED_MS = 5.0
@@ -37,23 +37,12 @@ CATEGORIES = ["devtools.timeline", "blink.user_timing", "toplevel"]
 TASKS = ("RunTask", "ThreadControllerImpl::RunTask")  # a main-thread task, as Chrome's trace names it
 
 # Marks every socket.io frame with what it carried, inside the task that handles it.
-MARK_JS = """
-(() => {
-  const NativeWebSocket = window.WebSocket;
-  window.WebSocket = class extends NativeWebSocket {
-    constructor(...args) {
-      super(...args);
-      this.addEventListener("message", (event) => {
-        const data = event.data;
-        if (typeof data !== "string" || !data.startsWith("42[")) return;
-        const name = (data.match(/^42\\["(\\w+)"/) || [])[1] || "?";
-        const streaming = data.indexOf('"state":"streaming"') >= 0 ? ":streaming" : "";
-        performance.mark("lab-frame:" + name + streaming);
-      });
-    }
-  };
-})();
-"""
+MARK_JS = socket_messages_js("""(data) => {
+  if (!data.startsWith("42[")) return;
+  const name = (data.match(/^42\\["(\\w+)"/) || [])[1] || "?";
+  const streaming = data.indexOf('"state":"streaming"') >= 0 ? ":streaming" : "";
+  performance.mark("lab-frame:" + name + streaming);
+}""")
 
 
 def frame_costs(trace: dict) -> dict[str, list[float]]:

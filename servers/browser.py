@@ -21,3 +21,23 @@ def launch_chromium(playwright):
     """Debian's chromium, headless, with the flags that keep it off the network
     (`playwright` is what `sync_playwright()` gives)."""
     return playwright.chromium.launch(executable_path=CHROMIUM_PATH, headless=True, args=CHROMIUM_ARGS)
+
+
+def socket_messages_js(on_message: str) -> str:
+    """A script for `page.add_init_script` (it runs before the page's own): the JavaScript function
+    `on_message` is called with each text message a WebSocket of the page receives, in the task that
+    receives it and before the page's own code handles it."""
+    return """
+(() => {
+  const onMessage = %s;
+  const NativeWebSocket = window.WebSocket;
+  window.WebSocket = class extends NativeWebSocket {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("message", (event) => {
+        if (typeof event.data === "string") onMessage(event.data);
+      });
+    }
+  };
+})();
+""" % on_message

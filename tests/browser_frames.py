@@ -40,6 +40,21 @@ def collect_frames(page: Page) -> dict[str, list[str]]:
     return frames
 
 
+def events(frames: list[str]) -> list[tuple[str, list]]:
+    """The socket.io events in `frames` as (name, arguments)."""
+    found = []
+    for frame in frames:
+        body = frame.lstrip("0123456789")
+        if not body.startswith("["):
+            continue
+        try:
+            name, *args = json.loads(body)
+        except ValueError:
+            continue
+        found.append((name, args))
+    return found
+
+
 def drain_frames(page: Page, frames: dict[str, list[str]], *, since: int = 0, until_task_end: bool = False,
                  quiet_ms: int = QUIET_MS, timeout_s: float = DRAIN_TIMEOUT_S) -> list[str]:
     """The frames received after the first `since`, once every frame on its way has arrived:

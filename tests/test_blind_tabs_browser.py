@@ -29,7 +29,7 @@ from core.auth import hash_password
 from servers.app import backend_env, run_coroutine, stored
 from servers.paced_openai import start_paced_server
 from store.records import UNRATED_SHOWN_BEFORE_VOTE
-from tests.browser_frames import collect_frames, drain_frames
+from tests.browser_frames import collect_frames, drain_frames, events
 from tests.fixtures_app import closed_loopback_url
 from tests.fixtures_postgres import new_postgres_database
 from tests.test_compare_browser import SNAPSHOT_JS, change_settings, send
@@ -75,21 +75,6 @@ def secret_words(engines) -> list[str]:
     """What would name a column: each backend's name, label, model id and address."""
     return [*NAMES, *NAMES.values(), "paced-test-model",
             *(re.sub(r"^https?://", "", server.root_url) for server in engines)]
-
-
-def events(frames: list[str]) -> list[tuple[str, list]]:
-    """The socket.io events in `frames` as (name, arguments)."""
-    found = []
-    for frame in frames:
-        body = frame.lstrip("0123456789")
-        if not body.startswith("["):
-            continue
-        try:
-            name, *args = json.loads(body)
-        except ValueError:
-            continue
-        found.append((name, args))
-    return found
 
 
 def configured_list(backends: dict[str, str] | None = None) -> list[str]:

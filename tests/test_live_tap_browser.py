@@ -10,14 +10,13 @@ shows live figures, so the first test's counts come from the tap and nothing els
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from playwright.sync_api import Page
 
 from servers.app import backend_env
 from servers.paced_openai import start_paced_server
-from tests.browser_frames import collect_frames, drain_frames
+from tests.browser_frames import collect_frames, drain_frames, events
 from tests.test_browser import new_reply_id, send, watch_reply
 
 pytestmark = pytest.mark.slow
@@ -43,22 +42,7 @@ def app(app_factory, paced, tmp_path_factory):
                        name="chainlit-live-tap-browser")
 
 
-def events(frames: list[str]) -> list[tuple[str, object]]:
-    """(event, first argument) of every socket.io event among `frames`."""
-    found = []
-    for frame in frames:
-        body = frame.lstrip("0123456789")
-        if not body.startswith("["):
-            continue
-        try:
-            event, *args = json.loads(body)
-        except ValueError:
-            continue
-        found.append((event, args[0] if args else None))
-    return found
-
-
-def one_reply(page: Page, app, frames) -> tuple[list[dict], list[tuple[str, object]]]:
+def one_reply(page: Page, app, frames) -> tuple[list[dict], list[tuple[str, list]]]:
     """Send one message; the reply's figures as the page showed them every 50 ms, and the events the
     page received meanwhile."""
     page.goto(app.url)
@@ -81,10 +65,11 @@ def streaming_token_counts(shown: list[dict]) -> list[int]:
     return counts
 
 
-def element_updates(received: list[tuple[str, object]]) -> dict[str, list[dict]]:
+def element_updates(received: list[tuple[str, list]]) -> dict[str, list[dict]]:
     """The reply's figures element's props by how they came: Chainlit's `element` events and `lab_live`."""
     by_kind: dict[str, list[dict]] = {"element": [], "lab_live": []}
-    for event, data in received:
+    for event, args in received:
+        data = args[0] if args else None
         if event in by_kind and isinstance(data, dict) and isinstance(data.get("props"), dict) \
                 and "state" in data["props"]:
             by_kind[event].append(data["props"])
@@ -96,7 +81,7 @@ def test_a_tapped_page_shows_live_figures_from_lab_live_and_gets_the_element_onl
     frames = collect_frames(page)
     shown, received = one_reply(page, app, frames)
 
-    assert ("lab_live_ack", {}) in events(frames["received"]), "the app never answered the page's offer"
+    assert ("lab_live_ack", [{}]) in events(frames["received"]), "the app never answered the page's offer"
     updates = element_updates(received)
     # Chainlit's element: created before the first token, then the final props; nothing between.
     assert [props["state"] for props in updates["element"]] == ["starting", "completed"], updates["element"]
