@@ -225,6 +225,37 @@ def test_a_stream_faster_than_anyone_reads_is_drawn_less_often():
     assert slow == [pytest.approx(TEXT_INTERVAL_S)] * 8, slow
 
 
+def first_drawings(tokens: int, rate: float) -> list[float]:
+    """When text was drawn for a reply whose message takes 10 ms to go on screen while its engine
+    answers at once: `tokens` chunks at `rate`, each stamped where it arrived (as backends/offloop.py does)."""
+
+    async def main():
+        message, metrics = FakeMessage(), FakeMetrics()
+        loop = asyncio.get_running_loop()
+
+        async def stream():
+            yield StreamChunk("", 0)
+            for i in range(tokens):
+                await asyncio.sleep(1 / rate)
+                yield StreamChunk(f"{i} ", 1, arrived_at_s=loop.time())
+            yield StreamChunk(finish_reason="stop", token_count=0, arrived_at_s=loop.time())
+
+        await LiveReply(timed(stream()), message, metrics).run(asyncio.sleep(0.01))
+        return [at for at, _ in message.emits]
+
+    return run_in_virtual_time(main())
+
+
+def test_the_first_drawing_paces_a_stream_by_when_its_held_chunks_arrived():
+    """The first drawing holds what came while the message went on screen: at 2000 chunks/s (20 of
+    them in those 10 ms) the next drawing waits 200 ms, so the reply's end (100 ms on) is the next;
+    control: at 300 chunks/s (3 held) the text loop keeps its 40 ms."""
+    fast = first_drawings(200, 2000)
+    assert fast == [pytest.approx(0.01), pytest.approx(0.1)], fast  # the first, then the end
+    slow = first_drawings(30, 300)
+    assert slow[:2] == [pytest.approx(0.01), pytest.approx(0.05)], slow
+
+
 class RecordingMetrics(FakeMetrics):
     """Figures that note when their final update came (the reply's end work)."""
 

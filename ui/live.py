@@ -34,10 +34,11 @@ from core.timing import TimedStream
 TEXT_INTERVAL_S = 0.04
 # A stream faster than anyone reads is drawn less often: each drawing re-renders the whole message
 # in the browser (Chainlit parses its Markdown again), and a drawing the browser is still busy with
-# when the last text comes makes the last text wait. Chunks per second since the last drawing ->
-# the wait before the next. At 2000 tokens/s drawings every 40 ms left the last token 40-100 ms
-# behind; every 100 ms, 21-41 ms (the drawing 10 ms before the end of a 150 ms reply); every 200 ms,
-# the last text is the next drawing. The last text still goes out at once when the stream ends.
+# when the last text comes makes the last text wait. Chunks per second since the last drawing (at
+# the first drawing: the pace its chunks arrived at) -> the wait before the next. At 2000 tokens/s
+# drawings every 40 ms left the last token 40-100 ms behind; every 100 ms, 21-41 ms (the drawing
+# 10 ms before the end of a 150 ms reply); every 200 ms, the last text is the next drawing. The
+# last text still goes out at once when the stream ends.
 FAST_TEXT_INTERVALS_S = ((1200.0, 0.2), (400.0, 0.1))
 METRICS_INTERVAL_S = 0.1
 END_WAIT_S = 0.1
@@ -80,6 +81,7 @@ class LiveReply:
         self.text_interval_s = text_interval_s
         self.metrics_interval_s = metrics_interval_s
         self._pending: list[str] = []
+        self._arrivals: tuple[float | None, float | None] = (None, None)  # first, last stamp of the pending text
         self._shown: list[str] = []
         self._text_arrived = asyncio.Event()
         self._text_finished = False  # the engine said no more text follows
@@ -126,6 +128,9 @@ class LiveReply:
     def _take(self, chunk: StreamChunk) -> None:
         if chunk.text:
             self._pending.append(chunk.text)
+            if chunk.arrived_at_s is not None:
+                first = self._arrivals[0]
+                self._arrivals = (chunk.arrived_at_s if first is None else first, chunk.arrived_at_s)
             self._text_arrived.set()
         if chunk.finish_reason is not None and not self._text_finished:
             # The reply's last text: drawn now, not at the next interval. A class's replies end
@@ -152,15 +157,18 @@ class LiveReply:
             if task is not None:
                 task.uncancel()
 
-    async def _flush_text(self) -> int:
-        """Send what came since the last drawing; how many chunks it held."""
+    async def _flush_text(self) -> tuple[int, float | None]:
+        """Send what came since the last drawing: how many chunks it held, and the seconds between
+        the first and the last of them arriving (None unless they were stamped where they arrived)."""
         chunks = len(self._pending)
+        first, last = self._arrivals
+        self._arrivals = (None, None)
         if self._pending:
             batch = "".join(self._pending)
             self._pending.clear()
             self._shown.append(batch)
             await self.message.stream_token(batch)
-        return chunks
+        return chunks, (last - first if first is not None and last is not None else None)
 
     async def _text_loop(self) -> None:
         # Text that arrives while the browser was just sent some waits one interval, with what else
@@ -172,12 +180,20 @@ class LiveReply:
         while True:
             await self._text_arrived.wait()
             self._text_arrived.clear()
-            chunks = await self._flush_text()
+            chunks, spread_s = await self._flush_text()
             if self._text_finished:
                 continue  # nothing is held once the reply's text is complete
             now, since = loop.time(), drawn_at
             drawn_at = now
-            rate = chunks / (now - since) if since is not None and now > since else 0.0
+            if since is not None and now > since:
+                rate = chunks / (now - since)
+            elif chunks > 1 and spread_s:
+                # The first drawing, holding what came while the message went on screen: the pace
+                # those chunks arrived at (a 5000 tokens/s reply on an engine that answers at once
+                # is over before a drawing 40 ms on could tell).
+                rate = (chunks - 1) / spread_s
+            else:
+                rate = 0.0
             await self._wait_between_drawings(text_interval(rate, self.text_interval_s))
 
     async def _wait_between_drawings(self, seconds: float) -> None:
