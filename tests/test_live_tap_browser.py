@@ -4,7 +4,7 @@ The page taps its own socket and offers; from then on a reply's live refreshes c
 events and Chainlit sends the reply's element twice only (its creation and its final props), so a
 refresh no longer re-renders every message of the chat. Checked from both sides: the frames the page
 received, and the figures it showed while the reply streamed. The control is the same page without
-the tap (its script served empty): every refresh is an element update again, and the page still
+the tap (its script served without it): every refresh is an element update again, and the page still
 shows live figures, so the first test's counts come from the tap and nothing else.
 """
 
@@ -96,9 +96,20 @@ def test_a_tapped_page_shows_live_figures_from_lab_live_and_gets_the_element_onl
     assert shown[-1]["state"] == "completed" and shown[-1]["tokens"].split()[0] == str(TOKENS), shown[-1]
 
 
+TAP_START, TAP_END = "// ---- the live tap", "// ---- end of the live tap"
+
+
+def without_the_tap(route) -> None:
+    """The page's own script as the app serves it, less its live tap (the element's loader and the
+    other scripts it loads are kept)."""
+    script = route.fetch().text()
+    start, end = script.index(TAP_START), script.index(TAP_END)
+    assert "window.WebSocket = class" in script[start:end]
+    route.fulfill(status=200, content_type="text/javascript", body=script[:start] + script[end:])
+
+
 def test_control_an_untapped_page_gets_every_refresh_as_an_element_update(page: Page, app):
-    page.route("**/public/serving-lab.js", lambda route: route.fulfill(
-        status=200, content_type="text/javascript", body="// the tap, left out for the control"))
+    page.route("**/public/serving-lab.js", without_the_tap)
     frames = collect_frames(page)
     shown, received = one_reply(page, app, frames)
 

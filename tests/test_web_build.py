@@ -49,7 +49,7 @@ def test_the_check_fails_when_the_source_changed_without_a_build(tmp_path):
 def test_the_stand_in_loads_the_build_it_names_and_reads_no_runner_global_in_the_view():
     element = (ROOT / "public" / "elements" / "Metrics.jsx").read_text()
     built = (ROOT / "public" / "serving-lab-metrics.js").read_text()
-    (version,) = re.findall(r'const VERSION = "([0-9a-f]{12})"', element)
+    (version,) = re.findall(r'ServingLab\.element\("([0-9a-f]{12})"', element)
     assert f'"{version}": defineView' in built
     view = (ROOT / "web" / "metrics-view.jsx").read_text()
     code = "\n".join(line for line in view.splitlines() if not line.lstrip().startswith("//"))
