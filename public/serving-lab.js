@@ -17,9 +17,9 @@
 //    The element's own loader (3.) still loads the view it names if this copy is missing or older.
 // 3. The custom element's one lasting type (`ServingLab.element`), which Chainlit's stand-in
 //    public/elements/Metrics.jsx asks for. Chainlit compiles the stand-in's source again (sucrase)
-//    each time any message of the chat re-renders, once per figures element on the page: 1.9 KB of
-//    loader there cost the page 8 ms of main thread per reply with ten replies on it; the loader
-//    here is read once per page and the stand-in is four lines (2 ms).
+//    each time the element re-renders, which many of Chainlit's events cause for every element on
+//    the page: 1.9 KB of loader there cost the page 8 ms of main thread per reply with ten replies
+//    on it; the loader here is read once per page and the stand-in is four lines (2 ms).
 // ---- the live tap (the control of tests/test_live_tap_browser.py serves this file without it)
 (() => {
   const lab = (window.ServingLab = window.ServingLab || {});
