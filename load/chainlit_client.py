@@ -24,7 +24,9 @@ frontend), and what this client repeats:
    whose `parentId` is that run step; the streamed one starts with
    `stream_start` (its `output` already holds the first text), continues with
    `stream_token` `{id, token, isSequence, isInput}` and ends with
-   `update_message` holding the full text; elements (`element`, here the live
+   `update_message` holding the full text (a tab that took the app's live tap
+   gets the text as `lab_text` instead of `stream_start` and `stream_token`,
+   and the figures' refreshes as `lab_live`); elements (`element`, here the live
    figures whose `props.queuePosition` says how many requests are ahead);
    the run step's `update_message` with `end`; and `task_end`: reply complete.
    Errors are assistant messages with `isError` (Chainlit's own) or the app's
@@ -62,11 +64,13 @@ ERROR_MARKERS = ("could not answer", "无法回答")
 FINAL_STATES = ("completed", "stopped", "error")
 # Chainlit's own callback names for the run steps that wrap them.
 MESSAGE_STEP = "on_message"
-# What a page says (a window message) to take a reply's live figures as `lab_live` events instead of
-# element updates, and the app's answer (ui/live_tap.py; the page's side is public/serving-lab.js).
-LIVE_TAP_OFFER = {"servingLab": "serving-lab-live-tap", "version": 1}
+# What a page says (a window message) to take a reply's text as `lab_text` events instead of Chainlit's
+# stream, and its figures as `lab_live` events instead of element updates, and the app's answer
+# (ui/live_tap.py; the page's side is public/serving-lab.js).
+LIVE_TAP_OFFER = {"servingLab": "serving-lab-live-tap", "version": 2}
 LIVE_TAP_ACK = "lab_live_ack"
 LIVE_EVENT = "lab_live"
+LIVE_TEXT = "lab_text"  # {"id": the figures element's id, "for": the message's id, "text": its next text}
 # How a recording marks the message the client sent (not a server event).
 SENT_MESSAGE = "> client_message"
 
@@ -219,7 +223,7 @@ class ChatTracker:
         self.startup_messages: dict[str, str] = {}
         self.other_messages: list[str] = []
         self.reply: ReplyRecord | None = None
-        self.live_tap_acked = False  # the app sends this tab live figures as LIVE_EVENT
+        self.live_tap_acked = False  # the app sends this tab text as LIVE_TEXT, figures as LIVE_EVENT
         self._chat_start_task = False
         self._run_steps: set[str] = set()
         self._messages: dict[str, _AssistantMessage] = {}
@@ -264,6 +268,8 @@ class ChatTracker:
             self._step(event, data, at_s)
         elif event == "stream_token" and isinstance(data, dict):
             self._token(data, at_s)
+        elif event == LIVE_TEXT and isinstance(data, dict):
+            self._live_text(data, at_s)
         elif event in ("element", LIVE_EVENT) and isinstance(data, dict):
             self._element(data)  # both carry the element's props as "props"
         elif event == LIVE_TAP_ACK:
@@ -314,6 +320,20 @@ class ChatTracker:
         token = str(data.get("token") or "")
         message.text = token if data.get("isSequence") else message.text + token
         if token:
+            self._first_text(at_s)
+
+    def _live_text(self, data: dict, at_s: float) -> None:
+        """A piece of a reply's text by the live tap: the message streams as by `stream_start` and
+        `stream_token`, and its final `update_message` holds the whole text all the same."""
+        if not self._reply_open():
+            return
+        message = self._messages.get(str(data.get("for")))
+        if message is None:
+            return
+        message.streamed = True
+        text = str(data.get("text") or "")
+        message.text += text
+        if text:
             self._first_text(at_s)
 
     def _element(self, element: dict) -> None:
@@ -390,9 +410,10 @@ class ChainlitClient:
                  user_env: dict[str, str] | None = None, http: requests.Session | None = None,
                  live_tap: bool = False) -> None:
         """`http`: the browser's cookie jar (a login's token, a proxy's route cookie) to open the chat
-        with; by default a new, empty one. `live_tap`: once the chat is open, offer to take live
-        figures past Chainlit's elements, as the app's page does (`LIVE_TAP_OFFER`), and wait for the
-        app's answer; needs a websocket (the app sends them on no other transport)."""
+        with; by default a new, empty one. `live_tap`: once the chat is open, offer to take a reply's
+        text and figures past Chainlit's messages and elements, as the app's page does
+        (`LIVE_TAP_OFFER`), and wait for the app's answer; needs a websocket (the app sends them on
+        no other transport)."""
         self.base_url = base_url.rstrip("/")
         self.http = http
         self.replica: str | None = None  # the replica the page load landed on (X-Lab-Replica), if any

@@ -15,14 +15,15 @@
 //
 // The server refreshes the props ~10 times per second while streaming (on the page's tapped
 // socket, past Chainlit's elements: `useLatest`), then once more with the final, frozen
-// measurement and the reply's timeline (see core/timing.py for the definitions). The timeline is drawn only from the final
-// props, so nothing heavy renders while a reply streams. With
+// measurement and the reply's timeline (see core/timing.py for the definitions). The timeline is
+// drawn only from the final props, so nothing heavy renders while a reply streams. On a tapped
+// page the reply's text streams here too, above the figures, until the message's final update. With
 // `kind === "compare"` the element is a grid with one column per
 // backend (core/rounds.py decides what a blind round may show).
 
 // Every component, made with the page's own React and Chainlit's Markdown (the stand-in passes them).
 function defineView(React, Markdown) {
-  const { useEffect, useRef, useState } = React;
+  const { memo, useEffect, useRef, useState } = React;
 
   const LABELS = {
     en: {
@@ -734,8 +735,29 @@ function defineView(React, Markdown) {
     const p = useLatest(data);
     if (p.kind === "compare") return React.createElement(CompareGrid, { p: p, api: api,} );
     if (p.kind === "engines") return React.createElement(EnginePanel, { p: p, api: api,} );
-    return React.createElement(Figures, { p: p,} );
+    // A reply's text while it streams, when it came by the page's tap: Chainlit shows the message's
+    // whole text from its final update on, and the tap then drops this copy (ui/live_tap.py).
+    const live = window.ServingLab && window.ServingLab.live;
+    const text = live && live.text && data.liveId ? live.text(data.liveId) : undefined;
+    if (text === undefined) return React.createElement(ReplyFigures, { p: p,} );
+    return (
+      React.createElement(React.Fragment, null
+        , React.createElement(LiveText, { text: text,} )
+        , React.createElement(ReplyFigures, { p: p,} )
+      )
+    );
   }
+
+  // Each drawn again only when its own part changed: a piece of text does not draw the figures,
+  // nor a refresh of the figures the text (its Markdown parsed again).
+  const ReplyFigures = memo(Figures);
+  const LiveText = memo(function LiveText({ text }) {
+    return (
+      React.createElement('div', { className: "serving-lab-live-text", 'data-testid': "live-text",}
+        , React.createElement(Markdown, { allowHtml: false, latex: false,}, text)
+      )
+    );
+  });
 
   return Metrics;
 }
@@ -743,5 +765,5 @@ function defineView(React, Markdown) {
 // scripts/build_web.mjs wraps this file and registers `defineView` under its build's version.
 
 const lab = (window.ServingLab = window.ServingLab || {});
-lab.builds = Object.assign(lab.builds || {}, { "52378d120666": defineView });
+lab.builds = Object.assign(lab.builds || {}, { "9500d7738e7c": defineView });
 })();

@@ -2,14 +2,17 @@
 // takes one), in the page's head, before Chainlit's own code runs.
 //
 // 1. The live tap (ui/live_tap.py). Chainlit re-renders every message of a chat, Markdown and
-//    all, for each update of any element; ten updates of the figures a second kept the page busy
-//    drawing them in a long chat. So the page taps its own socket: once it has offered (a window
-//    message, which Chainlit passes to the app) and the app has answered, a
-//    reply's live figures come as `lab_live` events that only the view reads
-//    (window.ServingLab.live). An `element` event for an id drops the live props held for it:
-//    what arrived last is shown. Only frames on a WebSocket are seen: a page offers once its socket
-//    carries messages on one, and the app sends live props only while that socket is on a
-//    WebSocket (else as element updates, as before).
+//    all, for each update of any element, and its message tree for each piece of text; ten updates
+//    of the figures a second kept the page busy drawing them in a long chat, and the last text of
+//    a fast reply waited behind Chainlit's drawing. So the page taps its own socket: once it has
+//    offered (a window message, which Chainlit passes to the app) and the app has answered, a
+//    reply's text comes as `lab_text` events and every refresh of its figures (the final one too)
+//    as `lab_live` events, which only the figures' view reads (window.ServingLab.live): it shows
+//    the text above the figures until Chainlit's final update of the message brings the whole
+//    text, when the page drops its copy (the same frame, so one drawing swaps them). An `element`
+//    event for an id drops the live props held for it: what arrived last is shown. Only frames on
+//    a WebSocket are seen: a page offers once its socket carries messages on one, and the app
+//    sends this way only while that socket is on a WebSocket (else through Chainlit, as before).
 // 2. The names and roles Chainlit's page leaves out (serving-lab-a11y.js), and the custom element's
 //    built view (serving-lab-metrics.js, from web/metrics-view.jsx), so the first reply or compare
 //    round on a fresh page does not wait for it while it streams (its last token reached the page
@@ -20,15 +23,18 @@
 //    each time the element re-renders, which many of Chainlit's events cause for every element on
 //    the page: 1.9 KB of loader there cost the page 8 ms of main thread per reply with ten replies
 //    on it; the loader here is read once per page and the stand-in is four lines (2 ms).
-// ---- the live tap (the control of tests/test_live_tap_browser.py serves this file without it)
+// ---- the live tap (servers/browser.py serve_without_live_tap serves this file without it, for controls)
 (() => {
   const lab = (window.ServingLab = window.ServingLab || {});
   if (lab.live) return;
   const held = new Map(); // element id -> the latest live props
+  const texts = new Map(); // element id -> the reply's text so far, until its message's final update
+  const textOf = new Map(); // message id -> the element id whose view shows its text
   const listeners = new Map(); // element id -> Set of callbacks
   const tell = (id) => (listeners.get(id) || []).forEach((listener) => listener(held.get(id)));
   lab.live = {
     props: (id) => held.get(id),
+    text: (id) => texts.get(id),
     subscribe(id, listener) {
       if (!listeners.has(id)) listeners.set(id, new Set());
       listeners.get(id).add(listener);
@@ -43,7 +49,7 @@
 
   // The offer goes once a WebSocket carries socket.io messages (Chainlit's socket starts on
   // long-polling and moves to a WebSocket), again on each new one (a reconnect), until answered.
-  const OFFER = { servingLab: "serving-lab-live-tap", version: 1 };
+  const OFFER = { servingLab: "serving-lab-live-tap", version: 2 };
   const TRIES = 5;
   let current = null; // the WebSocket that carries the chat now
   const offer = (socket, tries) => {
@@ -61,11 +67,26 @@
       const { id, props } = JSON.parse(data.slice(2))[1];
       held.set(id, props);
       tell(id);
+    } else if (data.startsWith('42["lab_text",')) {
+      const { id, for: message, text } = JSON.parse(data.slice(2))[1];
+      texts.set(id, (texts.get(id) || "") + text);
+      textOf.set(message, id);
+      tell(id);
     } else if (data.startsWith('42["element",') || data.startsWith('42["remove_element",')) {
       // No one is told: Chainlit renders the element with these props next, and the view, reading
       // what is held as it renders, then finds nothing newer.
       const element = JSON.parse(data.slice(2))[1];
       if (element) held.delete(element.id);
+    } else if (textOf.size && data.startsWith('42["update_message",')) {
+      // The message's final update: Chainlit draws its whole text next, in the same drawing as
+      // the view that drops its copy.
+      const step = JSON.parse(data.slice(2))[1];
+      const id = step && textOf.get(step.id);
+      if (id !== undefined) {
+        textOf.delete(step.id);
+        texts.delete(id);
+        tell(id);
+      }
     } else if (data.startsWith('42["lab_live_ack",')) {
       lab.live.acked = socket;
     }

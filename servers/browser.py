@@ -41,3 +41,18 @@ def socket_messages_js(on_message: str) -> str:
   };
 })();
 """ % on_message
+
+
+LIVE_TAP_START, LIVE_TAP_END = "// ---- the live tap", "// ---- end of the live tap"
+
+
+def serve_without_live_tap(route) -> None:
+    """A Playwright route handler for the page's own script (`**/public/serving-lab.js`): the script
+    as the app serves it, less its live tap (between LIVE_TAP_START and LIVE_TAP_END), so the page
+    never offers and gets a reply's text and figures through Chainlit (ui/live_tap.py); the element's
+    loader and the other scripts it loads are kept."""
+    script = route.fetch().text()
+    start, end = script.index(LIVE_TAP_START), script.index(LIVE_TAP_END)
+    if "window.WebSocket = class" not in script[start:end]:
+        raise AssertionError("public/serving-lab.js: the live tap is no longer between its markers")
+    route.fulfill(status=200, content_type="text/javascript", body=script[:start] + script[end:])

@@ -1,8 +1,10 @@
 """The live tap's protocol, as a socket.io client speaks it (ui/live_tap.py, load/chainlit_client.py).
 
-A tab that offers (the window message the app's page sends) is answered and gets a reply's live
-figures as `lab_live` events, the element only created and final; a tab that never offers, offers
-another version, or is on long-polling gets every refresh as an element update, as before.
+A tab that offers (the window message the app's page sends) is answered and gets a reply's text as
+`lab_text` events and every refresh of its figures, the final one too, as `lab_live` events: Chainlit
+sends the message's creation and final text, and the element's creation, nothing between. A tab that
+never offers, offers another version, or is on long-polling gets Chainlit's text stream and every
+refresh as an element update, as before.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import load.chainlit_client as chainlit_client
-from load.chainlit_client import LIVE_EVENT, LIVE_TAP_ACK, LIVE_TAP_OFFER, ChainlitClient
+from load.chainlit_client import LIVE_EVENT, LIVE_TAP_ACK, LIVE_TAP_OFFER, LIVE_TEXT, ChainlitClient
 from servers.app import backend_env
 from servers.paced_openai import start_paced_server
 from ui import live_tap
@@ -49,20 +51,33 @@ def figures(client: ChainlitClient, since: int) -> dict[str, list[str]]:
 
 
 def ask(client: ChainlitClient) -> dict[str, list[str]]:
+    """One reply: its figures' states by the event that carried them, and under "text" the events
+    that carried its text, in order."""
     since = len(client.events)
     record = client.ask("count", REPLY_TIMEOUT_S)
     assert record.outcome == "replied", record.as_dict()
     assert record.output_tokens == TOKENS, record.as_dict()  # the final figures arrived either way
-    return figures(client, since)
+    words = record.text.split()  # the whole text, either way: w1 ... w29 and the request's marker word
+    assert words[:-1] == [f"w{i}" for i in range(1, TOKENS)] and words[-1].startswith("pacedend"), record.text
+    shown = figures(client, since)
+    shown["text"] = [event for _, event, data in client.events[since:]
+                     if event in ("stream_start", "stream_token", LIVE_TEXT)
+                     and (data.get("output") if event == "stream_start" else True)]
+    return shown
 
 
-def test_an_offering_tab_gets_live_figures_as_lab_live_and_the_element_only_created_and_final(app):
+def test_an_offering_tab_gets_the_text_as_lab_text_and_the_figures_as_lab_live_after_their_creation(app):
     with ChainlitClient(app.url, record_events=True, live_tap=True) as client:
         client.open_chat(timeout_s=60)
         assert client.transport == "websocket"
         shown = ask(client)
-    assert shown["element"] == ["starting", "completed"], shown
-    assert len(shown[LIVE_EVENT]) >= 5 and set(shown[LIVE_EVENT]) <= {"starting", "streaming"}, shown
+        final_text = [data["output"] for _, event, data in client.events
+                      if event == "update_message" and data.get("type") == "assistant_message"][-1]
+    assert shown["element"] == ["starting"], shown
+    assert len(shown[LIVE_EVENT]) >= 5 and shown[LIVE_EVENT][-1] == "completed", shown
+    assert set(shown[LIVE_EVENT][:-1]) <= {"starting", "streaming"}, shown
+    assert len(shown["text"]) >= 5 and set(shown["text"]) == {LIVE_TEXT}, shown["text"]
+    assert final_text.split()[:-1] == [f"w{i}" for i in range(1, TOKENS)]  # Chainlit's final update, stored
 
 
 def test_control_a_tab_that_never_offers_gets_every_refresh_as_an_element_update(app):
@@ -72,6 +87,7 @@ def test_control_a_tab_that_never_offers_gets_every_refresh_as_an_element_update
     assert shown[LIVE_EVENT] == [], shown
     assert shown["element"][0] == "starting" and shown["element"][-1] == "completed", shown
     assert shown["element"].count("streaming") >= 5, shown
+    assert shown["text"][0] == "stream_start" and set(shown["text"][1:]) == {"stream_token"}, shown["text"]
 
 
 def test_an_offer_of_another_version_is_not_taken(app):
@@ -81,6 +97,7 @@ def test_an_offer_of_another_version_is_not_taken(app):
         shown = ask(client)
         assert not client.tracker.live_tap_acked
     assert shown[LIVE_EVENT] == [] and shown["element"].count("streaming") >= 5, shown
+    assert LIVE_TEXT not in shown["text"], shown["text"]
 
 
 def test_a_tab_on_long_polling_is_answered_but_gets_element_updates(app, monkeypatch):
@@ -91,12 +108,15 @@ def test_a_tab_on_long_polling_is_answered_but_gets_element_updates(app, monkeyp
         assert client.transport == "polling" and client.tracker.live_tap_acked
         shown = ask(client)
     assert shown[LIVE_EVENT] == [] and shown["element"].count("streaming") >= 5, shown
+    assert LIVE_TEXT not in shown["text"], shown["text"]
 
 
 def test_the_page_the_load_client_and_the_app_speak_the_same_offer():
     assert live_tap.is_offer(LIVE_TAP_OFFER)
-    assert not live_tap.is_offer({**LIVE_TAP_OFFER, "version": 2}) and not live_tap.is_offer("hello")
-    assert (LIVE_EVENT, LIVE_TAP_ACK) == (live_tap.EVENT, live_tap.ACK)
+    # A page of the version before takes no text this way: it is not answered.
+    assert not live_tap.is_offer({**LIVE_TAP_OFFER, "version": 1}) and not live_tap.is_offer("hello")
+    assert (LIVE_EVENT, LIVE_TAP_ACK, LIVE_TEXT) == (live_tap.EVENT, live_tap.ACK, live_tap.TEXT_EVENT)
     page = (Path(__file__).parent.parent / "public" / "serving-lab.js").read_text(encoding="utf-8")
     assert f'servingLab: "{live_tap.OFFER}", version: {live_tap.VERSION}' in page
-    assert re.search(rf"42\[\"{live_tap.EVENT}\",", page) and re.search(rf"42\[\"{live_tap.ACK}\",", page)
+    for event in (live_tap.EVENT, live_tap.ACK, live_tap.TEXT_EVENT):
+        assert re.search(rf"42\[\"{event}\",", page), event

@@ -1,29 +1,35 @@
-"""Live figures past Chainlit's element list, in a real browser (ui/live_tap.py, public/serving-lab.js).
+"""A reply's text and figures past Chainlit's messages and elements, in a real browser (ui/live_tap.py,
+public/serving-lab.js).
 
-The page taps its own socket and offers; from then on a reply's live refreshes come as `lab_live`
-events and Chainlit sends the reply's element twice only (its creation and its final props), so a
-refresh no longer re-renders every message of the chat. Checked from both sides: the frames the page
-received, and the figures it showed while the reply streamed. The control is the same page without
-the tap (its script served without it): every refresh is an element update again, and the page still
-shows live figures, so the first test's counts come from the tap and nothing else.
+The page taps its own socket and offers; from then on a reply's text comes as `lab_text` events,
+shown by the figures' view above the figures until Chainlit's final update of the message, and
+every refresh of the figures after their creation as `lab_live` events, so neither re-renders the
+chat's messages. Checked from both sides: the frames the page received, and the text and figures it
+showed while the reply streamed and after. The control is the same page without the tap (its script
+served without it): the text streams through Chainlit and every refresh is an element update, and
+the page still shows both growing, so the first test's observations come from the tap and nothing
+else.
 """
 
 from __future__ import annotations
 
+import time
 
 import pytest
 from playwright.sync_api import Page
 
 from servers.app import backend_env
+from servers.browser import serve_without_live_tap
 from servers.paced_openai import start_paced_server
 from tests.browser_frames import collect_frames, drain_frames, events
-from tests.test_browser import new_reply_id, send, watch_reply
+from tests.test_browser import SNAPSHOT_JS, new_reply_id, send
 
 pytestmark = pytest.mark.slow
 
 RATE = 20  # tokens/s: a 40-token reply streams for 2 s, about 20 refreshes at ~10 a second
 TOKENS = 40
 SESSION_READY_TIMEOUT_MS = 120_000
+REPLY_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +48,41 @@ def app(app_factory, paced, tmp_path_factory):
                        name="chainlit-live-tap-browser")
 
 
-def one_reply(page: Page, app, frames) -> tuple[list[dict], list[tuple[str, list]]]:
-    """Send one message; the reply's figures as the page showed them every 50 ms, and the events the
-    page received meanwhile."""
+TEXT_JS = """
+(stepId) => {
+  const inner = document.getElementById(stepId);
+  const step = inner ? inner.closest('.step') : null;
+  if (!step) return null;
+  const live = step.querySelector('[data-testid="live-text"]');
+  const content = [...step.querySelectorAll('.message-content .prose')]
+    .filter((prose) => !prose.closest('[data-testid="live-text"]'));
+  return {live: live ? live.innerText : null, content: content.map((prose) => prose.innerText).join(" "),
+          whole: step.innerText};
+}
+"""
+
+
+def one_reply(page: Page, app, frames) -> tuple[list[dict], list[tuple[str, list]], list[dict]]:
+    """Send one message; the reply's figures as the page showed them every 50 ms, the events the page
+    received meanwhile, and where its text was shown (`TEXT_JS`) at each of those moments and once
+    the reply's task had ended."""
     page.goto(app.url)
     page.get_by_text("Backends", exact=True).wait_for(timeout=SESSION_READY_TIMEOUT_MS)
     page.wait_for_timeout(1000)  # the page has offered and been answered (or, untapped, never offers)
     since = len(frames["received"])
     send(page, "count for me")
-    shown = watch_reply(page, new_reply_id(page, None))
-    return shown, events(drain_frames(page, frames, since=since, until_task_end=True))
+    step_id = new_reply_id(page, None)
+    shown, texts = [], []
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    while not shown or shown[-1]["state"] not in ("completed", "stopped", "error"):
+        assert time.monotonic() < deadline, f"the reply did not finish: {shown[-1:]}"
+        shown.append(page.evaluate(SNAPSHOT_JS, step_id))
+        texts.append(page.evaluate(TEXT_JS, step_id))
+        time.sleep(0.05)
+    received = events(drain_frames(page, frames, since=since, until_task_end=True))
+    page.wait_for_timeout(200)  # the last frames drawn
+    texts.append(page.evaluate(TEXT_JS, step_id))
+    return shown, received, texts
 
 
 def streaming_token_counts(shown: list[dict]) -> list[int]:
@@ -76,46 +107,60 @@ def element_updates(received: list[tuple[str, list]]) -> dict[str, list[dict]]:
     return by_kind
 
 
-def test_a_tapped_page_shows_live_figures_from_lab_live_and_gets_the_element_only_created_and_final(
+def test_a_tapped_page_shows_the_text_and_figures_from_the_tap_and_the_whole_text_once_at_the_end(
         page: Page, app):
     frames = collect_frames(page)
-    shown, received = one_reply(page, app, frames)
+    shown, received, texts = one_reply(page, app, frames)
 
     assert ("lab_live_ack", [{}]) in events(frames["received"]), "the app never answered the page's offer"
+    # The text came by the tap only: Chainlit streamed none of it.
+    assert [event for event, _ in received if event == "lab_text"], "no lab_text"
+    assert not [event for event, args in received if event == "stream_token"
+                or (event == "stream_start" and args and args[0].get("output"))]
+    # The page showed it growing in the figures' view, above the figures, while Chainlit's own
+    # message text was still empty ...
+    streaming = [text["live"] for text, figures in zip(texts, shown) if figures["state"] == "streaming"]
+    lengths = [len(text.split()) for text in streaming if text]
+    assert len(set(lengths)) >= 4 and lengths == sorted(lengths), lengths
+    assert all(not text["content"] for text, figures in zip(texts, shown) if figures["state"] == "streaming")
+    # ... and at the end the whole text once, in Chainlit's message, the tap's copy gone.
+    final = texts[-1]
+    assert final["live"] is None, final
+    words = final["content"].split()
+    assert words[:-1] == [f"w{i}" for i in range(1, TOKENS)] and words[-1].startswith("pacedend"), final
+    assert final["whole"].count(words[-1]) == 1, final["whole"]
+
     updates = element_updates(received)
-    # Chainlit's element: created before the first token, then the final props; nothing between.
-    assert [props["state"] for props in updates["element"]] == ["starting", "completed"], updates["element"]
-    # Every refresh in between came past it, and none of them was final.
+    # Chainlit's element: created before the first token; every refresh after it came past it, the
+    # final one too.
+    assert [props["state"] for props in updates["element"]] == ["starting"], updates["element"]
     live = updates["lab_live"]
     assert len(live) >= 8, f"only {len(live)} live refreshes in a 2 s reply"
-    assert all(props["state"] not in ("completed", "stopped", "error") for props in live), live
+    assert live[-1]["state"] == "completed" and all(props["state"] == "streaming" for props in live[:-1]), live
     # The page drew them as the reply streamed: the count rose in several steps ...
     counts = streaming_token_counts(shown)
     assert len(counts) >= 4 and counts == sorted(counts), counts
-    # ... and then showed the final figures, not a live refresh that came before them.
+    # ... and then showed the final figures.
     assert shown[-1]["state"] == "completed" and shown[-1]["tokens"].split()[0] == str(TOKENS), shown[-1]
 
 
-TAP_START, TAP_END = "// ---- the live tap", "// ---- end of the live tap"
-
-
-def without_the_tap(route) -> None:
-    """The page's own script as the app serves it, less its live tap (the element's loader and the
-    other scripts it loads are kept)."""
-    script = route.fetch().text()
-    start, end = script.index(TAP_START), script.index(TAP_END)
-    assert "window.WebSocket = class" in script[start:end]
-    route.fulfill(status=200, content_type="text/javascript", body=script[:start] + script[end:])
-
-
-def test_control_an_untapped_page_gets_every_refresh_as_an_element_update(page: Page, app):
-    page.route("**/public/serving-lab.js", without_the_tap)
+def test_control_an_untapped_page_gets_chainlits_text_stream_and_every_refresh_as_an_element_update(
+        page: Page, app):
+    page.route("**/public/serving-lab.js", serve_without_live_tap)
     frames = collect_frames(page)
-    shown, received = one_reply(page, app, frames)
+    shown, received, texts = one_reply(page, app, frames)
 
     assert not any(event == "lab_live_ack" for event, _ in events(frames["received"]))
+    assert not [event for event, _ in received if event in ("lab_text", "lab_live")]
+    assert [event for event, _ in received if event == "stream_token"], "Chainlit streamed no text"
+    # The text grew in Chainlit's message, and the figures' view never showed any.
+    assert all(text["live"] is None for text in texts)
+    lengths = [len(text["content"].split()) for text, figures in zip(texts, shown) if figures["state"] == "streaming"]
+    assert len(set(lengths)) >= 4 and lengths == sorted(lengths), lengths
+    words = texts[-1]["content"].split()
+    assert words[:-1] == [f"w{i}" for i in range(1, TOKENS)], texts[-1]
+
     updates = element_updates(received)
-    assert updates["lab_live"] == []
     streaming = [props for props in updates["element"] if props["state"] == "streaming"]
     assert len(streaming) >= 8, f"only {len(streaming)} element updates while the reply streamed"
     counts = streaming_token_counts(shown)

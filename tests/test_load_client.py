@@ -30,6 +30,7 @@ from core.texts import STRINGS
 from core.figures import live_props
 from load.chainlit_client import (
     ERROR_MARKERS,
+    LIVE_TEXT,
     SENT_MESSAGE,
     AsyncChainlitClient,
     ChainlitClient,
@@ -91,6 +92,29 @@ def test_recorded_replies_are_complete_with_ordered_times():
     first_stream_start = next(e for e in events if e["event"] == "stream_start")
     assert records[0].first_token_at_s == first_stream_start["at_s"]
     assert records[0].text.startswith(first_stream_start["data"]["output"])
+
+
+def test_a_reply_by_the_live_tap_is_recorded_as_the_same_reply_by_chainlits_stream():
+    """A tab that took the app's live tap gets the text as `lab_text` events instead of `stream_start`
+    and `stream_token` (ui/live_tap.py): the same replies, texts and times come out."""
+    events = recording("chainlit-2.12-paced-two-replies.json")
+    tapped = []
+    for event in events:
+        name, data = event["event"], event["data"]
+        if name == "stream_start":
+            tapped.append({**event, "event": "new_message", "data": {**data, "output": ""}})
+            tapped.append({**event, "event": LIVE_TEXT, "data": {"id": "figures", "for": data["id"],
+                                                                  "text": data["output"]}})
+        elif name == "stream_token":
+            tapped.append({**event, "event": LIVE_TEXT, "data": {"id": "figures", "for": data["id"],
+                                                                  "text": data["token"]}})
+        else:
+            tapped.append(event)
+    assert [e for e in tapped if e["event"] in ("stream_start", "stream_token")] == []
+    _, expected = replay(events)
+    _, records = replay(tapped)
+    assert [record.as_dict() for record in records] == [record.as_dict() for record in expected]
+    assert [record.outcome for record in records] == ["replied", "replied"]
 
 
 def test_the_apps_error_message_is_an_error_not_a_reply():

@@ -1,23 +1,31 @@
-"""Live figures straight to the page's view, past Chainlit's list of elements.
+"""A reply's live text and figures straight to the page's view, past Chainlit's messages and elements.
 
 Chainlit keeps every element of a chat in one list, and each `element` event makes a new list; its
 MessageContent memo compares that list, so every message of the chat renders again and its Markdown
 is parsed again. Chromium's trace of the page (2000 tokens/s replies): one update of the figures
 took 20-33 ms of the page's main thread with 3-5 replies on the page and 50-87 ms with 16, against
 9-15 ms for a piece of text; at ten updates a second a long chat keeps the page busy drawing figures
-while the reply's own text waits behind them.
+while the reply's own text waits behind them. A piece of text through Chainlit (`stream_token`)
+renders the chat's message tree again too: the last text of a 2000 tokens/s reply reached the page
+13-46 ms after the server sent it, most of it Chainlit's own drawing.
 
 So a page that taps its own socket (public/serving-lab.js) says so once its socket is on a
-WebSocket; from then on a reply's live refreshes (figures, a round's columns, the engine panel) go to
-that socket as one `lab_live` event, which the page hands to the view alone. What is stored still
-goes through Chainlit: the element's creation and its final props (a chat reopened from the history
-shows them). The page orders the two by arrival: an element event for an id drops the live props
-the page held for it. A page that never said so gets Chainlit's element updates, as before: a
-script or a load test speaking socket.io, a socket on long-polling (the tap sees only WebSocket
-frames), a socket reconnected under another id until its page offers again.
+WebSocket; from then on, to that socket:
+- a reply's streamed text goes as `lab_text` events (`send_text`), which the page hands to the view
+  of the reply's figures element: it shows the text above the figures until Chainlit's final update
+  of the message brings the whole text (the page drops its copy when that update arrives);
+- every refresh of an element (a reply's figures, a round's columns, the engine panel), its final
+  props too, goes as one `lab_live` event (`send`), which the page hands to the view alone.
+What is stored still goes through Chainlit: the message's creation and its final text, the
+element's creation (so Chainlit mounts it) and its final props (written as a row; a chat reopened
+from the history shows them). The page orders the two by arrival: an element event for an id drops
+the live props the page held for it. A page that never said so gets Chainlit's text stream and
+element updates, as before: a script or a load test speaking socket.io, a socket on long-polling (the
+tap sees only WebSocket frames), a socket reconnected under another id until its page offers again.
 
 The same props go either way (`MetricsElement.update` is the one place both start from), so what a
-blind round may show is decided once, before either.
+blind round may show is decided once, before either; a reply's text goes one way or the other from
+its first piece on (ui/session_view.py `ReplyText`).
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ import chainlit as cl
 from chainlit.server import sio
 
 EVENT = "lab_live"  # server -> page: {"id": element id, "props": the element's props now}
+TEXT_EVENT = "lab_text"  # server -> page: {"id": element id, "for": message id, "text": the reply's next text}
 ACK = "lab_live_ack"  # server -> page: {}
 OFFER = "serving-lab-live-tap"  # page -> server, by window message: {"servingLab": OFFER, "version": VERSION}
-VERSION = 1
+VERSION = 2  # 2: the reply's text and the element's final props come this way too
 SESSION_KEY = "live_tap_socket"
 
 
@@ -61,5 +70,11 @@ def page_listens() -> bool:
 
 
 async def send(element_id: str, props: dict) -> None:
-    """One live refresh of element `element_id`, to this session's page."""
+    """One refresh of element `element_id` (live or final), to this session's page."""
     await cl.context.emitter.emit(EVENT, {"id": element_id, "props": props})
+
+
+async def send_text(element_id: str, message_id: str, text: str) -> None:
+    """The next piece of a streaming reply's text, appended by the view of its figures element
+    `element_id` until Chainlit's update of message `message_id` brings the whole text."""
+    await cl.context.emitter.emit(TEXT_EVENT, {"id": element_id, "for": message_id, "text": text})

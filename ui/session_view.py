@@ -56,8 +56,9 @@ class MetricsElement(cl.CustomElement):
     final props are written: the reply's frozen figures, a round once every
     column has ended (and again when its vote reveals it). The database row
     is what a chat reopened from the history sidebar shows. A page that taps its
-    socket gets the live refreshes past Chainlit's element list (ui/live_tap.py);
-    the props carry the element's id (`liveId`) so its view can find them.
+    socket gets every refresh after the creation past Chainlit's element list,
+    the final one too (its row is written all the same; ui/live_tap.py); the
+    props carry the element's id (`liveId`) so its view can find them.
     """
 
     @property
@@ -88,12 +89,14 @@ class MetricsElement(cl.CustomElement):
 
     async def update(self) -> None:
         final = self.final
-        if not final and live_tap.page_listens():
-            await live_tap.send(self.id, self.props)
-            return
         self.updatable = final
         if final:
             self.content = json.dumps(self.props)
+        if live_tap.page_listens():
+            if final:
+                await self._create(persist=True)
+            await live_tap.send(self.id, self.props)
+            return
         await super().update()
 
 
@@ -445,8 +448,9 @@ class ChatReplyView:
 
         # The request leaves first; the message and its figures go on screen while it is on its way.
         rule = lab().disclosure
-        outcome = await LiveReply(plan.open_stream(), message, metrics, lang=self.lang, request=plan.request,
-                                  engine_at_start=engine_at_start, queue_shown=rule.engine_state_shown).run(shown())
+        outcome = await LiveReply(plan.open_stream(), ReplyText(message, metrics), metrics, lang=self.lang,
+                                  request=plan.request, engine_at_start=engine_at_start,
+                                  queue_shown=rule.engine_state_shown).run(shown())
         # The per-chunk timeline is in the database (and in the figures element), not on every message.
         message.metadata = {"record": outcome.record.as_dict(), "sent": dict(plan.request.sent)}
         # The figures were sent and stored final already: Chainlit's update would send and store them again.
@@ -458,6 +462,27 @@ class ChatReplyView:
 
     async def backends_checked(self, failed) -> None:
         await refresh_backend_list(failed)
+
+
+class ReplyText:
+    """Where a chat reply's streamed text goes (ui/live.py's text sink), decided at its first piece:
+    to the page's tap when the page listens then (ui/live_tap.py; the view of the reply's figures
+    `element` shows it until the message's final update brings the whole text), else to Chainlit's
+    stream. Either way the text is the message's content, which that final update sends and stores."""
+
+    def __init__(self, message: cl.Message, element: MetricsElement) -> None:
+        self.message = message
+        self.element = element
+        self.tapped: bool | None = None
+
+    async def stream_token(self, token: str) -> None:
+        if self.tapped is None:
+            self.tapped = live_tap.page_listens()
+        if self.tapped:
+            self.message.content += token
+            await live_tap.send_text(self.element.id, self.message.id, token)
+        else:
+            await self.message.stream_token(token)
 
 
 def _author(label: str, name: str) -> str:

@@ -13,14 +13,15 @@
 //
 // The server refreshes the props ~10 times per second while streaming (on the page's tapped
 // socket, past Chainlit's elements: `useLatest`), then once more with the final, frozen
-// measurement and the reply's timeline (see core/timing.py for the definitions). The timeline is drawn only from the final
-// props, so nothing heavy renders while a reply streams. With
+// measurement and the reply's timeline (see core/timing.py for the definitions). The timeline is
+// drawn only from the final props, so nothing heavy renders while a reply streams. On a tapped
+// page the reply's text streams here too, above the figures, until the message's final update. With
 // `kind === "compare"` the element is a grid with one column per
 // backend (core/rounds.py decides what a blind round may show).
 
 // Every component, made with the page's own React and Chainlit's Markdown (the stand-in passes them).
 function defineView(React, Markdown) {
-  const { useEffect, useRef, useState } = React;
+  const { memo, useEffect, useRef, useState } = React;
 
   const LABELS = {
     en: {
@@ -732,8 +733,29 @@ function defineView(React, Markdown) {
     const p = useLatest(data);
     if (p.kind === "compare") return <CompareGrid p={p} api={api} />;
     if (p.kind === "engines") return <EnginePanel p={p} api={api} />;
-    return <Figures p={p} />;
+    // A reply's text while it streams, when it came by the page's tap: Chainlit shows the message's
+    // whole text from its final update on, and the tap then drops this copy (ui/live_tap.py).
+    const live = window.ServingLab && window.ServingLab.live;
+    const text = live && live.text && data.liveId ? live.text(data.liveId) : undefined;
+    if (text === undefined) return <ReplyFigures p={p} />;
+    return (
+      <>
+        <LiveText text={text} />
+        <ReplyFigures p={p} />
+      </>
+    );
   }
+
+  // Each drawn again only when its own part changed: a piece of text does not draw the figures,
+  // nor a refresh of the figures the text (its Markdown parsed again).
+  const ReplyFigures = memo(Figures);
+  const LiveText = memo(function LiveText({ text }) {
+    return (
+      <div className="serving-lab-live-text" data-testid="live-text">
+        <Markdown allowHtml={false} latex={false}>{text}</Markdown>
+      </div>
+    );
+  });
 
   return Metrics;
 }
