@@ -72,8 +72,8 @@ from bench.verdict import Goal, at_least, at_most, exit_status
 from config import REPO
 from core.load.slo import DEFAULT_PERCENTILE, DEFAULT_SLO, Slo, parse_slo, within
 from core.timing import percentile
-from load.chainlit_client import (LIVE_EVENT, LIVE_TAP_OFFER, SOCKET_PATH, browser_auth, browser_headers,
-                                  page_load_requests, user_message)
+from load.chainlit_client import (LIVE_EVENT, LIVE_TAP_OFFER, LIVE_TEXT, SOCKET_PATH, browser_auth,
+                                  browser_headers, page_load_requests, user_message)
 from servers.app import backend_env, chainlit_command, start_app
 from servers.paced_openai import PacedServer, start_paced_server
 from servers.postgres import PostgresCluster
@@ -129,6 +129,7 @@ class Tab:
     _sio: Any = None
     _http: Any = None
     _message_id: str | None = None
+    _message_of: dict[str, str] = field(default_factory=dict)  # element id -> its message's id
 
     async def open(self) -> None:
         import aiohttp
@@ -152,8 +153,9 @@ class Tab:
                           headers=browser_headers(self.base_url, "en-US"), auth=browser_auth(self.session_id),
                           wait_timeout=OPEN_TIMEOUT_S)
         await asyncio.wait_for(self.ready.wait(), OPEN_TIMEOUT_S)
-        # As the app's page does: take live figures past Chainlit's elements (ui/live_tap.py; the
-        # floor has no such handler and ignores it). The burst starts once every tab is open.
+        # As the app's page does: take a reply's text and figures past Chainlit's messages and
+        # elements (ui/live_tap.py; the floor has no such handler and ignores it). The burst
+        # starts once every tab is open.
         await sio.emit("window_message", LIVE_TAP_OFFER)
 
     async def send(self, text: str) -> None:
@@ -202,6 +204,11 @@ class Tab:
                 token = str(data.get("token") or "")
                 reply.text = token if data.get("isSequence") else reply.text + token
                 self._text(reply, reply.text, at_s)
+        elif event == LIVE_TEXT and isinstance(data, dict):  # the reply's text past Chainlit's stream
+            reply = self.replies.get(str(data.get("for")))
+            if reply is not None:
+                reply.text += str(data.get("text") or "")
+                self._text(reply, reply.text, at_s)
         elif event in ("element", LIVE_EVENT) and isinstance(data, dict):
             self._element(data, at_s)  # a live refresh carries the element's id and props too
 
@@ -209,6 +216,9 @@ class Tab:
         props = element.get("props")
         if not isinstance(props, dict):
             return
+        if element.get("forId"):  # Chainlit's element event names its message; a live refresh does not
+            self._message_of[str(element.get("id"))] = str(element["forId"])
+        element = {**element, "forId": self._message_of.get(str(element.get("id")))}
         if props.get("kind") == "compare":
             for index, column in enumerate(props.get("columns") or []):
                 reply = self._reply(f"{element.get('id')}:{index}")
