@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             while (waiting := sum(_still_to_write(app) for app in replicas.values())) and time.monotonic() < drain_until:
                 time.sleep(1)
             print(f"after {DRAIN_S - max(0.0, drain_until - time.monotonic()):.0f} s of drain: {waiting} replies or "
-                  "rows still to be written", flush=True)
+                  f"rows still to be written; rows in the replies table now: {asyncio.run(_count_replies(database))}",
+                  flush=True)
         # Counted once it stops growing: a row is written after its reply's last text is on screen.
         rows_written, settled_until = -1, time.monotonic() + DRAIN_S
         while time.monotonic() < settled_until:

@@ -53,7 +53,7 @@ import gevent
 import requests
 from locust import User, between, events, task
 from locust.exception import StopUser
-from locust.runners import WorkerRunner
+from locust.runners import STATE_RUNNING, STATE_SPAWNING, WorkerRunner
 
 # Locust puts this file's folder on the import path, so the client imports by its own name.
 from chainlit_client import ChainlitClient, ChatFailed, ReplyRecord
@@ -182,15 +182,22 @@ class ChainlitUser(User):
         if SETTINGS.burst_every_s:
             wait_s = until_next_burst(time.time(), SETTINGS.burst_every_s)
             gevent.sleep(wait_s)
+            if self.environment.runner is not None and self.environment.runner.state not in (STATE_RUNNING,
+                                                                                             STATE_SPAWNING):
+                # The run ended while this student waited for the burst: Locust's graceful stop lets a
+                # task finish, and sending now would start a reply after the run (a benchmark counting
+                # rows at its end then missed that whole burst's).
+                return
             burst_at = round(time.time())
         record = None
         try:
+            sent_at = time.time()
             record = self.chat.send(prompt)
             self.chat.wait_reply(SETTINGS.reply_timeout_s)
         finally:
             # Also when Locust stops this user mid-reply (the message was sent, its reply unfinished).
             if record is not None:
-                self._report(record, burst_at)
+                self._report(record, burst_at, sent_at)
         if not record.ok and record.outcome in ("timeout", "disconnected"):
             # The tab is in an unknown state: the next question starts a new chat, as a reload would.
             self._close_chat()
@@ -223,7 +230,7 @@ class ChainlitUser(User):
             self.chat.close()
             self.chat = None
 
-    def _report(self, record: ReplyRecord, burst_at: float | None = None) -> None:
+    def _report(self, record: ReplyRecord, burst_at: float | None = None, sent_at: float | None = None) -> None:
         failure = failure_of(record)
         if record.first_token_s is not None:
             self._fire("first_token", record.first_token_s, 0, None)
@@ -233,7 +240,7 @@ class ChainlitUser(User):
             self._fire("reply", elapsed_s, len(record.text), failure)
         RESULTS.write("message", **{**record.as_dict(), "outcome": record.outcome or "unfinished",
                                     "replica": self.chat.replica if self.chat is not None else None,
-                                    "burst_at": burst_at})
+                                    "burst_at": burst_at, "sent_wall_s": sent_at})
 
     def _fire(self, name: str, elapsed_s: float, length: int, failure: Exception | None) -> None:
         self.environment.events.request.fire(
@@ -284,6 +291,12 @@ def start_health_probe(environment, **_kwargs) -> None:
         return
     url = environment.host.rstrip("/") + "/health"
     _probe = gevent.spawn(probe_health, environment, url, SETTINGS.health_interval_s)
+
+
+@events.test_stopping.add_listener
+def note_the_end(environment, **_kwargs) -> None:
+    """When the run ended (its time was up, or Ctrl-C): nothing a student sends may start later."""
+    RESULTS.write("stopping")
 
 
 @events.test_stop.add_listener

@@ -148,6 +148,8 @@ def summarize_records(records: Iterable[dict], users: int) -> Summary:
             else:
                 summary.chat_failures.append(str(record.get("error")))
             continue
+        if record.get("kind") != "message":  # e.g. "stopping": when the run ended
+            continue
         summary.messages += 1
         outcome = record.get("outcome")
         per_token = record.get("ms_per_token")

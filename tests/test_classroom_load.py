@@ -72,6 +72,7 @@ def test_summary_counts_every_message_once_and_ends_with_the_machine_line():
          "reply_s": 0.2, "first_token_s": None, "queue_positions": []},
         {"kind": "message", "outcome": "unfinished", "reply_s": None, "first_token_s": None, "queue_positions": []},
         {"kind": "health", "ok": True, "health_s": 0.004}, {"kind": "health", "ok": False, "health_s": 10.0},
+        {"kind": "stopping"},  # when the run ended: not a message
     ]
     summary = summarize_records(records, users=3)
     summary.memory = memory_from_samples([(0.0, 100.0), (40.0, 300.0), (80.0, 310.0), (120.0, 305.0)])
@@ -173,3 +174,31 @@ def test_the_summary_reports_the_share_of_messages_meeting_the_slo_as_the_studen
     assert configured("CAPACITY_SLO", env_file) == "ttft_ms=300"
     monkeypatch.setenv("CAPACITY_SLO", "e2el_ms=9000")
     assert configured("CAPACITY_SLO", env_file) == "e2el_ms=9000"
+
+
+@pytest.mark.slow
+def test_a_burst_run_sends_nothing_once_the_run_has_ended(tmp_path: Path):
+    """In a burst run (LOAD_BURST_EVERY_S) every student waits for the clock's next burst inside its
+    task. Locust's graceful stop lets a task finish, so a student still waiting when the run ended
+    used to send at the next burst anyway, after the run: a benchmark counting rows at the end then
+    missed that burst's (bench/lecture_hall.py, 200 rows short). Every message is sent before the run
+    ended (the locustfile notes that moment); control: the students were waiting for a burst when it
+    ended (replies of 0.2 s, a burst every 4 s), and had sent in bursts before."""
+    env = {
+        **dict(__import__("os").environ),
+        "APP_VENV": sys.prefix,
+        "LOAD_BURST_EVERY_S": "4",
+        "PACED_RATE": "100", "PACED_TOKENS": "20",
+    }
+    results = tmp_path / "results"
+    result = run_script("--users", "3", "--minutes", "0.2", "--spawn-rate", "3", "--paced-server",
+                        "--results", str(results), env=env, timeout_s=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = [json.loads(line) for path in results.glob("chat-records-*.jsonl")
+               for line in path.read_text().splitlines() if line.strip()]
+    (stopped_at,) = [r["at"] for r in records if r["kind"] == "stopping"]
+    messages = [r for r in records if r["kind"] == "message"]
+    assert len({r["burst_at"] for r in messages}) >= 2, messages
+    late = [r for r in messages if r["sent_wall_s"] > stopped_at]
+    assert late == [], (stopped_at, late)
+    assert all(r["outcome"] == "replied" for r in messages), messages
