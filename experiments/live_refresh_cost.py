@@ -1,5 +1,4 @@
-"""What one refresh of the live figures and one piece of text cost the page, with the live tap and
-without, as a chat grows.
+"""What a refresh of the live figures and a piece of text cost the page, tapped and not, as a chat grows.
 
 Chainlit re-renders every message of a chat (Markdown and all) for each `element` event, so an
 element update of the figures costs the page more the longer the chat; the live tap (ui/live_tap.py,
