@@ -109,6 +109,7 @@ async def on_chat_resume(thread: dict) -> None:
 @guarded
 async def on_window_message(data) -> None:
     await live_tap.on_window_message(data)
+    await session.ready_next_figures()
 
 
 @cl.on_settings_update

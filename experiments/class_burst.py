@@ -183,6 +183,10 @@ class Tab:
 
     async def _event(self, event: str, data: Any = None, *_: Any) -> None:
         at_s = time.time()
+        if event == "element" and isinstance(data, dict) and data.get("forId"):
+            # A tapped tab gets each reply's figures element ahead of the reply (before its first
+            # message, then after each reply): which message it is for is known from then on.
+            self._message_of[str(data.get("id"))] = str(data["forId"])
         if event == "task_start":
             self._tasks += 1
         elif event == "task_end":

@@ -13,11 +13,17 @@
 //    event for an id drops the live props held for it: what arrived last is shown. Only frames on
 //    a WebSocket are seen: a page offers once its socket carries messages on one, and the app
 //    sends this way only while that socket is on a WebSocket (else through Chainlit, as before).
+//    The tap also hands Chainlit the events that start a reply in one task (one drawing, not four),
+//    and the app sends a reply's figures element ahead, while the page is idle (ui/session_view.py
+//    `ready_next_figures`): with ten replies on the page those drawings took 60-100 ms of main
+//    thread at the start of every reply, and a fast reply's text waited behind them.
 // 2. The names and roles Chainlit's page leaves out (serving-lab-a11y.js), and the custom element's
 //    built view (serving-lab-metrics.js, from web/metrics-view.jsx), so the first reply or compare
 //    round on a fresh page does not wait for it while it streams (its last token reached the page
 //    117-150 ms late in the first of three 4-column rounds, 31-37 ms in the others).
 //    The element's own loader (3.) still loads the view it names if this copy is missing or older.
+//    The stand-in's source is read once per page (Chainlit fetched it at every element's mount,
+//    and drew the element only once the busy app had answered).
 // 3. The custom element's one lasting type (`ServingLab.element`), which Chainlit's stand-in
 //    public/elements/Metrics.jsx asks for. Chainlit compiles the stand-in's source again (sucrase)
 //    each time the element re-renders, which many of Chainlit's events cause for every element on
@@ -91,6 +97,39 @@
       lab.live.acked = socket;
     }
   };
+  // A reply starts with several of Chainlit's events in a row (task_start, the run step, the
+  // message, its figures element unless the app sent it ahead), each of which makes Chainlit draw
+  // the whole chat again. On a tapped page Chainlit gets them in one go, from task_start up to the
+  // assistant's message or an element, or HOLD_MS, whichever comes first, so React draws them once;
+  // any other event hands over what is held first, in order (lab_live is the tap's: it waits too).
+  const HOLD_MS = 40;
+  const MOUNTING = ['42["new_message",', '42["element",', '42["lab_live",'];
+  const ENDS_MOUNT = /^42\["element",|^42\["new_message",\{[^]*?"type":\s*"assistant_message"/;
+  let held_frames = null; // [socket, event] pairs Chainlit has not been given yet
+  let timer = null;
+  const give = (socket, event) => socket.chainlitHandler && socket.chainlitHandler.call(socket, event);
+  const release = () => {
+    const frames = held_frames;
+    held_frames = null;
+    clearTimeout(timer);
+    for (const [socket, event] of frames || []) give(socket, event);
+  };
+  const deliver = (socket, event) => {
+    const data = typeof event.data === "string" ? event.data : "";
+    if (held_frames) {
+      if (!data.startsWith("4") || MOUNTING.some((kind) => data.startsWith(kind))) {
+        held_frames.push([socket, event]);
+        if (ENDS_MOUNT.test(data)) release();
+        return;
+      }
+      release();
+    } else if (lab.live.acked === socket && data.startsWith('42["task_start"')) {
+      held_frames = [[socket, event]];
+      timer = setTimeout(release, HOLD_MS);
+      return;
+    }
+    give(socket, event);
+  };
   const NativeWebSocket = window.WebSocket;
   window.WebSocket = class extends NativeWebSocket {
     constructor(...args) {
@@ -104,6 +143,13 @@
         }
       });
     }
+    get onmessage() {
+      return this.chainlitHandler || null;
+    }
+    set onmessage(handler) {
+      if (this.chainlitHandler === undefined) this.addEventListener("message", (event) => deliver(this, event));
+      this.chainlitHandler = handler;
+    }
   };
 })();
 // ---- end of the live tap
@@ -113,6 +159,32 @@
     script.src = src;
     document.head.appendChild(script);
   }
+})();
+(() => {
+  // Chainlit fetches the stand-in's source each time it mounts a custom element (every reply's
+  // figures), and draws the element only once that answer is in: with the app busy streaming the
+  // reply, the first text waited on it. The page reads it once (at load) and answers from memory.
+  const STAND_IN = "/public/elements/Metrics.jsx";
+  const nativeFetch = window.fetch;
+  let source = null; // a promise of the stand-in's source text
+  const read = (input, init) => {
+    const answer = nativeFetch.call(window, input, init);
+    source = answer.then((response) => (response.ok ? response.clone().text() : Promise.reject(response)));
+    source.catch(() => (source = null));
+    return answer;
+  };
+  window.fetch = function (input, init) {
+    const url = typeof input === "string" ? input : input instanceof Request ? input.url : String(input);
+    const method = (init && init.method) || (input instanceof Request ? input.method : "GET");
+    if (method.toUpperCase() !== "GET" || !new URL(url, window.location.href).pathname.endsWith(STAND_IN)) {
+      return nativeFetch.apply(this, arguments);
+    }
+    if (!source) return read(input, init);
+    const ask = () => nativeFetch.call(window, input, init); // the first read failed: as Chainlit would
+    return source.then((text) => new Response(text, { status: 200, headers: { "Content-Type": "text/javascript" } }), ask);
+  };
+  const here = document.currentScript && document.currentScript.src;
+  if (here) read(new URL(STAND_IN.slice(1), new URL("../", here)).href, { credentials: "include" });
 })();
 (() => {
   const lab = (window.ServingLab = window.ServingLab || {});

@@ -10,6 +10,7 @@ refresh as an element update, as before.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -66,18 +67,77 @@ def ask(client: ChainlitClient) -> dict[str, list[str]]:
     return shown
 
 
+def elements_ahead(client: ChainlitClient, timeout_s: float = 30.0) -> list[dict]:
+    """The element events a tapped tab got before its first message: the first reply's figures,
+    sent when the app answered the tab's offer (which goes once the chat is ready)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ahead = [data for _, event, data in list(client.events) if event == "element"]
+        if ahead:
+            return ahead
+        time.sleep(0.02)
+    raise AssertionError("no figures element came ahead of the first reply")
+
+
 def test_an_offering_tab_gets_the_text_as_lab_text_and_the_figures_as_lab_live_after_their_creation(app):
     with ChainlitClient(app.url, record_events=True, live_tap=True) as client:
         client.open_chat(timeout_s=60)
         assert client.transport == "websocket"
+        elements_ahead(client)
         shown = ask(client)
         final_text = [data["output"] for _, event, data in client.events
                       if event == "update_message" and data.get("type") == "assistant_message"][-1]
+    # One element event in the reply: the next reply's figures, sent ahead (see the next test).
     assert shown["element"] == ["starting"], shown
     assert len(shown[LIVE_EVENT]) >= 5 and shown[LIVE_EVENT][-1] == "completed", shown
     assert set(shown[LIVE_EVENT][:-1]) <= {"starting", "streaming"}, shown
     assert len(shown["text"]) >= 5 and set(shown["text"]) == {LIVE_TEXT}, shown["text"]
     assert final_text.split()[:-1] == [f"w{i}" for i in range(1, TOKENS)]  # Chainlit's final update, stored
+
+
+def reply_events(client: ChainlitClient, since: int) -> tuple[str, list[tuple[str, dict]]]:
+    """The id of the assistant message of the reply after event `since`, and the events since then."""
+    events = [(event, data) for _, event, data in client.events[since:] if isinstance(data, dict)]
+    message_id = next(data["id"] for event, data in events
+                      if event == "new_message" and data.get("type") == "assistant_message")
+    return message_id, events
+
+
+def test_a_tapped_tab_gets_each_reply_s_figures_element_ahead_of_the_reply(app):
+    # The element of a reply's figures comes while the page is idle, for the id its message will
+    # have (ui/session_view.ready_next_figures): at the offer, then after each reply's final update.
+    # The reply's own events then hold no element (Chainlit would draw every message again for it)
+    # and the figures' first props come by the tap before the message that mounts them.
+    with ChainlitClient(app.url, record_events=True, live_tap=True) as client:
+        client.open_chat(timeout_s=60)
+        ahead = elements_ahead(client)
+        for _ in range(2):
+            since = len(client.events)
+            ask(client)
+            message_id, events = reply_events(client, since)
+            assert ahead and ahead[-1]["forId"] == message_id, (ahead, message_id)
+            element_id = ahead[-1]["id"]
+            names = [event for event, _ in events]
+            created = names.index("new_message", names.index("new_message") + 1)  # after the run step
+            assert [data["id"] for event, data in events[:created] if event == LIVE_EVENT] == [element_id]
+            final = max(i for i, (event, data) in enumerate(events)
+                        if event == "update_message" and data.get("id") == message_id)
+            elements = [(i, data) for i, (event, data) in enumerate(events) if event == "element"]
+            assert [i > final and data["forId"] != message_id for i, data in elements] == [True], elements
+            assert all(data.get("id") == element_id for event, data in events if event == LIVE_EVENT)
+            ahead = [data for _, data in elements]
+
+
+def test_control_a_tab_on_long_polling_gets_the_figures_element_with_its_message(app, monkeypatch):
+    monkeypatch.setattr(chainlit_client, "_websocket_client_installed", lambda: False)
+    with ChainlitClient(app.url, record_events=True, live_tap=True) as client:
+        client.open_chat(timeout_s=60)
+        since = len(client.events)
+        ask(client)
+        message_id, events = reply_events(client, since)
+    created = [i for i, (event, data) in enumerate(events) if event == "new_message" and data["id"] == message_id]
+    elements = [(i, data["forId"]) for i, (event, data) in enumerate(events) if event == "element"]
+    assert elements and all(i > created[0] and for_id == message_id for i, for_id in elements), elements
 
 
 def test_control_a_tab_that_never_offers_gets_every_refresh_as_an_element_update(app):

@@ -131,12 +131,22 @@ def test_a_tapped_page_shows_the_text_and_figures_from_the_tap_and_the_whole_tex
     assert final["whole"].count(words[-1]) == 1, final["whole"]
 
     updates = element_updates(received)
-    # Chainlit's element: created before the first token; every refresh after it came past it, the
-    # final one too.
-    assert [props["state"] for props in updates["element"]] == ["starting"], updates["element"]
+    # Chainlit's element: created ahead, while the page was idle, for the id the reply's message
+    # was to have (ui/session_view.ready_next_figures); in the reply only the next reply's one.
+    # Every props of the reply's figures came past it: the first before the message, the final too.
+    message_id = next(args[0]["id"] for event, args in received
+                      if event == "new_message" and args[0].get("type") == "assistant_message")
+    whole = [(event, args[0]) for event, args in events(frames["received"]) if args and isinstance(args[0], dict)]
+    created = [i for i, (event, data) in enumerate(whole) if event == "new_message" and data["id"] == message_id]
+    for_it = [i for i, (event, data) in enumerate(whole) if event == "element" and data["forId"] == message_id]
+    assert len(for_it) == 1 and for_it[0] < created[0], (for_it, created)
+    assert [(props["state"], element["forId"] != message_id) for element, props in
+            zip([args[0] for event, args in received if event == "element"], updates["element"])] \
+        == [("starting", True)], updates["element"]
     live = updates["lab_live"]
     assert len(live) >= 8, f"only {len(live)} live refreshes in a 2 s reply"
-    assert live[-1]["state"] == "completed" and all(props["state"] == "streaming" for props in live[:-1]), live
+    assert live[0]["state"] == "starting" and live[-1]["state"] == "completed", live
+    assert all(props["state"] == "streaming" for props in live[1:-1]), live
     # The page drew them as the reply streamed: the count rose in several steps ...
     counts = streaming_token_counts(shown)
     assert len(counts) >= 4 and counts == sorted(counts), counts

@@ -17,7 +17,8 @@ WebSocket; from then on, to that socket:
 - every refresh of an element (a reply's figures, a round's columns, the engine panel), its final
   props too, goes as one `lab_live` event (`send`), which the page hands to the view alone.
 What is stored still goes through Chainlit: the message's creation and its final text, the
-element's creation (so Chainlit mounts it) and its final props (written as a row; a chat reopened
+element's creation (so Chainlit mounts it; a chat reply's is sent ahead, while the page is idle, for
+the id its message will have: ui/session_view.ready_next_figures) and its final props (written as a row; a chat reopened
 from the history shows them). The page orders the two by arrival: an element event for an id drops
 the live props the page held for it. A page that never said so gets Chainlit's text stream and
 element updates, as before: a script or a load test speaking socket.io, a socket on long-polling (the

@@ -432,14 +432,22 @@ class ChatReplyView:
 
     async def stream(self, plan) -> tuple[StreamOutcome, str]:
         backend = plan.backend
-        message = cl.Message(content="", author=_author(backend.label, backend.name))
         props = initial_props(backend=plan.label, model=plan.model, request=plan.request, lang=self.lang)
-        metrics = MetricsElement(name="Metrics", props=props, display="inline")
-        message.elements = [metrics]
+        ready = take_ready_figures()
+        if ready is None:
+            message = cl.Message(content="", author=_author(backend.label, backend.name))
+            metrics = MetricsElement(name="Metrics", props=props, display="inline")
+            message.elements = [metrics]
+        else:  # the page has this reply's figures element already: it gets their props by the tap
+            message = cl.Message(content="", author=_author(backend.label, backend.name), id=ready.for_id)
+            metrics = ready
+            metrics.props = props
 
         async def shown() -> None:
             # Marked with this process until it ends (the update below replaces the metadata).
             message.metadata = await app_state().in_flight_mark()
+            if ready is not None:
+                await live_tap.send(metrics.id, props)
             await message.send()
 
         async def engine_at_start() -> str | None:
@@ -458,10 +466,41 @@ class ChatReplyView:
         # The final text replaces the streamed one: images from elsewhere become links (core/images.py).
         message.content = remote_images_as_links(message.content, configured_image_origins(), self.lang)
         await message.update()
+        await ready_next_figures()
         return outcome, message.id
 
     async def backends_checked(self, failed) -> None:
         await refresh_backend_list(failed)
+
+
+READY_FIGURES = "ready_reply_figures"  # user_session: (socket id, MetricsElement) for the next chat reply
+
+
+async def ready_next_figures() -> None:
+    """Send the next chat reply's figures element now, while the page is idle, for a message id
+    chosen now; the reply then uses both (`take_ready_figures`). Chainlit keeps a chat's elements in
+    one list, and a new element makes every message of the chat render again, its Markdown parsed
+    again: done when the reply starts, that drawing (30-50 ms of the page's main thread with ten
+    replies on it, in the same task as the new message's) held back the reply's first text. The
+    element is mounted only once a message with its id exists, so until then the page shows
+    nothing of it. Only for a page that takes the live tap (it gets the reply's props that way)."""
+    if not live_tap.page_listens() or cl.user_session.get(READY_FIGURES) is not None:
+        return
+    element = MetricsElement(name="Metrics", props={"state": "starting", "lang": lang()}, display="inline")
+    await element.send(for_id=str(uuid.uuid4()), persist=False)
+    cl.user_session.set(READY_FIGURES, (cl.context.session.socket_id, element))
+
+
+def take_ready_figures() -> MetricsElement | None:
+    """The figures element `ready_next_figures` sent, if the page that has it still takes the tap."""
+    ready = cl.user_session.get(READY_FIGURES)
+    if ready is None:
+        return None
+    cl.user_session.set(READY_FIGURES, None)
+    socket_id, element = ready
+    if socket_id != cl.context.session.socket_id or not live_tap.page_listens():
+        return None  # a page reconnected (or gone to long-polling) may not have it: a new one
+    return element
 
 
 class ReplyText:
