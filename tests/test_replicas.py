@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -44,7 +44,26 @@ def test_a_replica_is_named_by_lab_replica_id_else_by_a_random_name_kept_for_the
     assert replica_id({"LAB_REPLICA_ID": "app-2"}) == "app-2"
     drawn = replica_id({})
     assert drawn == replica_id({"LAB_REPLICA_ID": "  "}) and drawn.startswith("replica-")
-    assert str(os.getpid()) not in drawn and socket.gethostname() not in drawn
+    assert re.fullmatch(r"replica-[0-9a-f]{8}", drawn)
+    # Derived from nothing: two processes that see the same process id and host name still draw
+    # different names (a name made from either would repeat here).
+    same_machine = textwrap.dedent(
+        """
+        import os, socket
+        os.getpid = lambda: 4242
+        socket.gethostname = lambda: "lab-host"
+        from core.replica import replica_id
+        print(replica_id({}))
+        """
+    )
+    names = {
+        subprocess.run(
+            [PYTHON, "-c", same_machine], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(3)
+    }
+    assert len(names) == 3 and all(re.fullmatch(r"replica-[0-9a-f]{8}", n) for n in names)
+    assert not any("4242" == n.removeprefix("replica-") or "lab-host" in n for n in names)
 
 
 async def test_one_load_run_at_a_time_across_replicas_of_one_database(postgres_url):
