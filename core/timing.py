@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import AsyncIterator, Callable, Iterable, Literal, Sequence
 
 from backends.base import ServerFigures, StreamChunk
@@ -150,12 +150,21 @@ class RequestRecord:
         return tuple(b - a for a, b in zip(times, times[1:]))
 
     def as_dict(self, include_timeline: bool = False) -> dict:
-        """JSON-ready; the per-chunk timeline only when asked (it can be thousands of numbers)."""
-        data = asdict(self)
-        if not include_timeline:
-            data.pop("chunk_times_s")
-            data.pop("chunk_tokens")
+        """JSON-ready; the per-chunk timeline only when asked (it can be thousands of numbers).
+
+        What `dataclasses.asdict` gives, without its copy of every number of the timeline (the
+        tuples are immutable: they are handed as they are), which took a class burst's event loop
+        1-2 ms per reply, twice (once to be dropped)."""
+        data = {}
+        for field in fields(self):
+            if not include_timeline and field.name in _TIMELINE:
+                continue
+            value = getattr(self, field.name)
+            data[field.name] = asdict(value) if is_dataclass(value) else value
         return data
+
+
+_TIMELINE = ("chunk_times_s", "chunk_tokens")
 
 
 class StreamMeter:

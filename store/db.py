@@ -15,7 +15,7 @@ import asyncio
 import os
 from collections import defaultdict
 from contextlib import asynccontextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
@@ -445,7 +445,8 @@ class Store:
     async def save_reply(self, reply: StoredReply) -> None:
         """Store a finished reply (its id is the Chainlit message id; saving it twice is an error).
         Raises `SavedLater` when the database is unavailable: the row waits in the outbox."""
-        await self._write([insert_row("replies", asdict(reply))])
+        # Its fields as they are (`asdict` would copy the record's timeline, number by number).
+        await self._write([insert_row("replies", {field.name: getattr(reply, field.name) for field in fields(reply)})])
 
     async def replies_for_thread(self, thread_id: str) -> list[StoredReply]:
         """The replies of one chat, oldest first."""

@@ -221,3 +221,28 @@ async def test_measure_prepares_before_the_clock_starts():
     assert record.backend == "slow-prepare" and record.model == "m"
     # The 0.3 s of preparing is outside the clock: inside it, both would be 0.3 s and more.
     assert record.first_token_s < 0.3 and record.total_s < 0.3
+
+
+async def test_a_records_dict_is_what_dataclasses_asdict_gives_with_or_without_its_timeline():
+    from dataclasses import asdict
+
+    from backends.base import ServerFigures
+
+    async def backend_stream():
+        yield StreamChunk("", 0)
+        for index in range(5):
+            yield StreamChunk(f"t{index} ", 1)
+        yield StreamChunk("", 0, finish_reason="stop",
+                          server_figures=ServerFigures(source="usage", output_tokens=5, input_tokens=3))
+
+    ticks = iter([10.0 + step / 10 for step in range(100)])
+    timed = TimedStream(backend_stream(), backend="b", model="m", clock=lambda: next(ticks))
+    async for _ in timed:
+        pass
+    await timed.aclose()
+    record = timed.finish("completed")
+    assert record.itl is not None and record.server is not None  # nested dataclasses, both
+    whole = asdict(record)
+    assert record.as_dict(include_timeline=True) == whole
+    assert record.as_dict() == {name: value for name, value in whole.items()
+                                if name not in ("chunk_times_s", "chunk_tokens")}
