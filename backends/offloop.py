@@ -15,6 +15,10 @@ pump reads the stamp of its stream's request (a context variable). Building the 
 options, headers, JSON) happens before, on the app's side of the measurement, as the paced test
 server showed: with 60 requests at once, building them put +45 ms of the app into the TTFT.
 
+Handing a chunk over wakes the app's loop; a chunk in the middle of a reply may wait up to
+HANDOFF_WINDOW_S (10 ms) for others to share that wake-up (`Doorbell`), the first text and the
+reply's end never do.
+
 That thread needs the interpreter's lock only to read and parse, so its stamps can be late by the
 interpreter's switch interval while the app's thread runs Python, not by the app's backlog.
 
@@ -35,6 +39,7 @@ import inspect
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from contextvars import ContextVar
 from dataclasses import replace
@@ -134,6 +139,85 @@ class _Failed:
 _END = object()
 
 
+# How long a chunk in the middle of a reply may wait on the io loop for others to wake the app's
+# loop with (less than one frame of the page's 60 Hz). A reply's first chunks up to its first text,
+# its last, its server figures, its end and its errors wake it at once. The stamps are taken where
+# the chunks arrive either way: only when the app's loop sees them moves, not what it measures.
+HANDOFF_WINDOW_S = 0.01
+
+
+class Doorbell:
+    """Wakes the waiting streams of one consumer loop (the app's) from the io loop's thread.
+
+    Each wake-up from another thread is a write to the loop's self-pipe, and a turn of that loop to
+    read it. With a class's replies streaming at once that was one turn per chunk, of every stream
+    (30 students at 50 tokens/s: 1,500 a second), and 10 % of the app's loop went to reading its
+    pipe. Now a chunk in the middle of a reply rings and waits: every stream rung within
+    HANDOFF_WINDOW_S is woken by one call. An urgent ring (see `OffLoopStream._put`) calls at once,
+    taking with it whatever else has rung. Measured in a burst of 30 students, paired runs: CPU per
+    reply 45, 46, 52 ms against 51, 54, 58 ms without the window (the app's loop 22-26 against
+    26-30 ms; its io thread 19-22 against 21-23 ms); first text unchanged.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._rung: list[asyncio.Future] = []
+        self._called = False  # a call to _answer is on its way to the consumer's loop
+        self._timer = False  # a call is due at the end of the window
+        self._lock = threading.Lock()  # the io thread rings while the consumer's loop takes what rang
+        self.calls = 0  # the calls made to the consumer's loop (what the window saves)
+
+    def ring(self, waiter: asyncio.Future, urgent: bool) -> None:
+        """Wake `waiter` (on the consumer's loop): now if `urgent`, else by the end of the window
+        (HANDOFF_WINDOW_S). Called on the io loop."""
+        window_s = HANDOFF_WINDOW_S
+        with self._lock:
+            self._rung.append(waiter)
+            if self._called:
+                return
+            if urgent or window_s <= 0:
+                self._called = True
+                start_timer = False
+            elif self._timer:
+                return
+            else:
+                self._timer = start_timer = True
+        if start_timer:
+            asyncio.get_running_loop().call_later(window_s, self._window_ends)
+        else:
+            self._call()
+
+    def _window_ends(self) -> None:
+        with self._lock:
+            self._timer = False
+            if self._called or not self._rung:
+                return  # an urgent ring took them already
+            self._called = True
+        self._call()
+
+    def _call(self) -> None:
+        self.calls += 1
+        self.loop.call_soon_threadsafe(self._answer)
+
+    def _answer(self) -> None:
+        with self._lock:
+            rung, self._rung = self._rung, []
+            self._called = False
+        for waiter in rung:
+            _wake(waiter)
+
+
+_doorbells: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Doorbell]" = weakref.WeakKeyDictionary()
+
+
+def doorbell(loop: asyncio.AbstractEventLoop) -> Doorbell:
+    """The `Doorbell` of consumer loop `loop` (asked on that loop: Chainlit serves every session on one)."""
+    bell = _doorbells.get(loop)
+    if bell is None:
+        bell = _doorbells[loop] = Doorbell(loop)
+    return bell
+
+
 class OffLoopStream:
     """An async iterator on the consumer's loop over a backend stream pumped on the `IoLoop`.
 
@@ -149,6 +233,8 @@ class OffLoopStream:
         self._items: deque = deque()
         self._waiter: asyncio.Future | None = None
         self._consumer_loop: asyncio.AbstractEventLoop | None = None
+        self._doorbell: Doorbell | None = None
+        self._text_put = False  # the pump has put a chunk with text (from then on, middle chunks can wait)
         self._task: asyncio.Task | None = None  # the pump, on the io loop
         self._started = False
         self._ended = False
@@ -162,6 +248,7 @@ class OffLoopStream:
         if not self._started:
             self._started = True
             self._consumer_loop = asyncio.get_running_loop()
+            self._doorbell = doorbell(self._consumer_loop)
             self._io.loop.call_soon_threadsafe(self._start_pump)
         while not self._items:
             waiter = self._consumer_loop.create_future()
@@ -226,9 +313,14 @@ class OffLoopStream:
 
     def _put(self, item: object) -> None:
         self._items.append(item)
+        # The first text, the reply's last chunk and its figures, its end or error: at once.
+        urgent = not isinstance(item, StreamChunk) or not self._text_put or item.finish_reason is not None \
+            or item.server_figures is not None
+        if isinstance(item, StreamChunk) and item.text:
+            self._text_put = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            self._consumer_loop.call_soon_threadsafe(_wake, waiter)
+            self._doorbell.ring(waiter, urgent)
 
 
 def _wake(waiter: asyncio.Future) -> None:

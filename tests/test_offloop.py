@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from backends.base import ChatMessage, GenerationParams
+from backends.base import ChatMessage, GenerationParams, StreamChunk
 from backends.offloop import IoLoop, OffLoopBackend, off_loop
 from backends.openai_compat import WARM_AFTER_IDLE_S, OpenAICompatBackend
 from config import BackendConfig
@@ -151,3 +151,74 @@ def test_pooled_connections_are_dropped_before_the_servers_keep_alive_closes_the
     client = backend(paced)._client._client
     pool = client._transport._pool
     assert pool._keepalive_expiry == WARM_AFTER_IDLE_S < 5.0
+
+
+# ---------------------------------------------------------------- handing chunks to the app's loop
+
+
+def handed(chunks_at: list[tuple[float, StreamChunk]], window_s: float, monkeypatch) -> list[tuple[str, float]]:
+    """Stream `chunks_at` (seconds after the start, chunk) from the io loop; each chunk's text (or
+    "finish") and when this loop got it, in seconds after the start."""
+    import backends.offloop as offloop
+
+    monkeypatch.setattr(offloop, "HANDOFF_WINDOW_S", window_s)
+
+    async def source():
+        started = time.perf_counter()
+        for at_s, chunk in chunks_at:
+            await asyncio.sleep(max(0.0, started + at_s - time.perf_counter()))
+            yield chunk
+
+    async def main():
+        stream = offloop.OffLoopStream(IoLoop(name="lab-backend-test"), source)
+        started = time.perf_counter()
+        return [(chunk.text or chunk.finish_reason or "", time.perf_counter() - started) async for chunk in stream]
+
+    return asyncio.run(main())
+
+
+def test_the_first_text_and_the_last_chunk_are_handed_over_at_once_the_middle_by_the_window(monkeypatch):
+    chunks = [(0.0, StreamChunk("", 0)), (0.05, StreamChunk("first", 1)), (0.1, StreamChunk("middle", 1)),
+              (0.3, StreamChunk("", 0, finish_reason="stop"))]
+    got = dict(handed(chunks, 1.0, monkeypatch))  # a window far longer than the reply
+    assert got["first"] < 0.05 + 0.04, got  # at once, not at the window's end
+    # The middle chunk waited, and went with the last (which did not wait for the window either).
+    assert got["middle"] > 0.3 - 0.02 and got["stop"] < 0.3 + 0.04 and got["stop"] - got["middle"] < 0.01, got
+    # Control: with no window the middle chunk comes as it arrives.
+    got = dict(handed(chunks, 0.0, monkeypatch))
+    assert got["middle"] < 0.1 + 0.04, got
+
+
+def test_the_streams_of_one_loop_share_the_wake_ups_of_their_middle_chunks(monkeypatch):
+    """Twenty streams whose chunks come a millisecond apart: the app's loop is woken about once per
+    window for all of them, not once per chunk (control: no window)."""
+    import backends.offloop as offloop
+
+    def calls(window_s: float) -> int:
+        monkeypatch.setattr(offloop, "HANDOFF_WINDOW_S", window_s)
+
+        def source(index: int):
+            async def chunks():
+                yield StreamChunk(f"first{index} ", 1)
+                for piece in range(40):
+                    await asyncio.sleep(0.001)
+                    yield StreamChunk(f"{piece} ", 1)
+                yield StreamChunk("", 0, finish_reason="stop")
+            return chunks
+
+        async def main():
+            io = IoLoop(name="lab-backend-test")
+            bell = offloop.doorbell(asyncio.get_running_loop())
+            streams = [offloop.OffLoopStream(io, source(index)) for index in range(20)]
+
+            async def read(stream) -> str:
+                return "".join([chunk.text async for chunk in stream])
+
+            texts = await asyncio.gather(*(read(stream) for stream in streams))
+            assert all(text.endswith("39 ") for text in texts)
+            return bell.calls
+
+        return asyncio.run(main())
+
+    windowed, control = calls(0.02), calls(0.0)
+    assert windowed * 3 < control, (windowed, control)
