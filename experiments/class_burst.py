@@ -213,6 +213,8 @@ class Tab:
             if reply is not None:
                 reply.text += str(data.get("text") or "")
                 self._text(reply, reply.text, at_s)
+            if isinstance(data.get("props"), dict):  # a refresh of the figures that rode with the text
+                self._element({"id": data.get("id"), "props": data["props"]}, at_s)
         elif event in ("element", LIVE_EVENT) and isinstance(data, dict):
             self._element(data, at_s)  # a live refresh carries the element's id and props too
 

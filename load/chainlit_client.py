@@ -67,10 +67,11 @@ MESSAGE_STEP = "on_message"
 # What a page says (a window message) to take a reply's text as `lab_text` events instead of Chainlit's
 # stream, and its figures as `lab_live` events instead of element updates, and the app's answer
 # (ui/live_tap.py; the page's side is public/serving-lab.js).
-LIVE_TAP_OFFER = {"servingLab": "serving-lab-live-tap", "version": 2}
+LIVE_TAP_OFFER = {"servingLab": "serving-lab-live-tap", "version": 3}
 LIVE_TAP_ACK = "lab_live_ack"
 LIVE_EVENT = "lab_live"
-LIVE_TEXT = "lab_text"  # {"id": the figures element's id, "for": the message's id, "text": its next text}
+LIVE_TEXT = "lab_text"  # {"id": the figures element's id, "for": the message's id, "text": its next text,
+#                         "props": the figures' live props, when a refresh rode with the text}
 # How a recording marks the message the client sent (not a server event).
 SENT_MESSAGE = "> client_message"
 
@@ -335,6 +336,8 @@ class ChatTracker:
         message.text += text
         if text:
             self._first_text(at_s)
+        if isinstance(data.get("props"), dict):  # a refresh of the figures that rode with the text
+            self._element({"id": data.get("id"), "props": data["props"]})
 
     def _element(self, element: dict) -> None:
         props = element.get("props")

@@ -7,7 +7,8 @@
 //    a fast reply waited behind Chainlit's drawing. So the page taps its own socket: once it has
 //    offered (a window message, which Chainlit passes to the app) and the app has answered, a
 //    reply's text comes as `lab_text` events and every refresh of its figures (the final one too)
-//    as `lab_live` events, which only the figures' view reads (window.ServingLab.live): it shows
+//    as `lab_live` events, or with a piece of text when one falls due while text streams, which
+//    only the figures' view reads (window.ServingLab.live): it shows
 //    the text above the figures until Chainlit's final update of the message brings the whole
 //    text, when the page drops its copy (the same frame, so one drawing swaps them). An `element`
 //    event for an id drops the live props held for it: what arrived last is shown. Only frames on
@@ -55,7 +56,7 @@
 
   // The offer goes once a WebSocket carries socket.io messages (Chainlit's socket starts on
   // long-polling and moves to a WebSocket), again on each new one (a reconnect), until answered.
-  const OFFER = { servingLab: "serving-lab-live-tap", version: 2 };
+  const OFFER = { servingLab: "serving-lab-live-tap", version: 3 };
   const TRIES = 5;
   let current = null; // the WebSocket that carries the chat now
   const offer = (socket, tries) => {
@@ -74,9 +75,11 @@
       held.set(id, props);
       tell(id);
     } else if (data.startsWith('42["lab_text",')) {
-      const { id, for: message, text } = JSON.parse(data.slice(2))[1];
+      // A refresh of the figures that fell due while text streams comes with the text: one drawing.
+      const { id, for: message, text, props } = JSON.parse(data.slice(2))[1];
       texts.set(id, (texts.get(id) || "") + text);
       textOf.set(message, id);
+      if (props) held.set(id, props);
       tell(id);
     } else if (data.startsWith('42["element",') || data.startsWith('42["remove_element",')) {
       // No one is told: Chainlit renders the element with these props next, and the view, reading

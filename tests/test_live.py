@@ -24,9 +24,13 @@ def timed(stream) -> TimedStream:
 class FakeMessage:
     def __init__(self):
         self.emits: list[tuple[float, str]] = []
+        self.carried: list[float] = []  # when a piece of text carried a refresh of the figures
 
-    async def stream_token(self, token: str) -> None:
+    async def stream_token(self, token: str, figures=None) -> None:
         self.emits.append((asyncio.get_running_loop().time(), token))
+        if figures is not None:  # as a page that takes them apart: the figures' own update
+            self.carried.append(asyncio.get_running_loop().time())
+            await figures.update()
 
 
 class FakeMetrics:
@@ -122,19 +126,50 @@ def test_the_last_text_goes_when_the_engine_says_finished_not_when_the_stream_ha
     assert seen["last_text"] + 0.01 < message.emits[-1][0] <= seen["last_text"] + 0.04
 
 
-def test_metrics_refresh_ten_times_per_second_while_streaming_with_the_live_rate():
+def refreshes(tokens: int, rate: float):
+    """A reply at `rate` tokens/s: its message, and its live refreshes (loop time, props)."""
     async def main():
-        message, metrics = FakeMessage(), FakeMetrics()
-        await LiveReply(timed(paced(40, 50)), message, metrics).run()  # 0.8 s
-        return metrics
+        message, metrics = FakeMessage(), TimedMetrics()
+        await LiveReply(timed(paced(tokens, rate)), message, metrics).run()
+        return message, metrics.live
 
-    metrics = run_in_virtual_time(main())
-    live = [u for u in metrics.updates if u["state"] == "streaming"]
-    assert len(live) == 8  # one every 100 ms of the 0.8 s
-    assert [u["tokensPerS"] for u in live] == [pytest.approx(50.0)] * 8  # the 50 tokens/s pace
-    tokens = [u["tokens"] for u in live]
+    return run_in_virtual_time(main())
+
+
+class TimedMetrics(FakeMetrics):
+    def __init__(self):
+        super().__init__()
+        self.live: list[tuple[float, dict]] = []
+
+    async def update(self) -> None:
+        await super().update()
+        if self.props.get("state") == "streaming":
+            self.live.append((asyncio.get_running_loop().time(), dict(self.props)))
+
+
+def test_metrics_refresh_about_ten_times_per_second_while_streaming_with_the_live_rate():
+    message, live = refreshes(40, 50)  # 0.8 s, text drawn every 40 ms
+    # A refresh falls due 60-100 ms after the one before and rides with the next text (every 40 ms):
+    # one every 80 ms, never more than 100 ms apart.
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(live, live[1:])]
+    assert len(live) == 10 and gaps == [pytest.approx(0.08)] * 9, gaps
+    assert [props["tokensPerS"] for _, props in live] == [pytest.approx(50.0)] * 10  # the 50 tokens/s pace
+    tokens = [props["tokens"] for _, props in live]
     assert tokens == sorted(tokens)
-    assert all(abs(count - 5 * (index + 1)) <= 1 for index, count in enumerate(tokens)), tokens  # 5 per 100 ms
+    assert all(abs(count - round(50 * at_s)) <= 1 for (at_s, _), count in zip(live, tokens)), tokens  # 5 per 100 ms
+
+
+def test_while_text_streams_every_refresh_of_the_figures_rides_with_a_piece_of_text():
+    message, live = refreshes(40, 50)
+    assert message.carried == [at_s for at_s, _ in live]  # no refresh went alone: no event of its own
+    assert len(message.emits) >= 2 * len(live)
+
+
+def test_control_with_no_text_coming_the_figures_refresh_alone_every_100_ms():
+    message, live = refreshes(4, 4)  # a token every 250 ms: no text is due when the figures are
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(live, live[1:])]
+    assert len(live) >= 8 and all(gap == pytest.approx(0.1) for gap in gaps), gaps
+    assert message.carried == []
 
 
 async def test_backend_error_keeps_partial_text_and_is_returned():

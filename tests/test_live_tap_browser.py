@@ -97,13 +97,16 @@ def streaming_token_counts(shown: list[dict]) -> list[int]:
 
 
 def element_updates(received: list[tuple[str, list]]) -> dict[str, list[dict]]:
-    """The reply's figures element's props by how they came: Chainlit's `element` events and `lab_live`."""
-    by_kind: dict[str, list[dict]] = {"element": [], "lab_live": []}
+    """The reply's figures element's props by how they came: Chainlit's `element` events, `lab_live`,
+    `lab_text` (a refresh riding with a piece of text), and under "tap" the last two in order."""
+    by_kind: dict[str, list[dict]] = {"element": [], "lab_live": [], "lab_text": [], "tap": []}
     for event, args in received:
         data = args[0] if args else None
         if event in by_kind and isinstance(data, dict) and isinstance(data.get("props"), dict) \
                 and "state" in data["props"]:
             by_kind[event].append(data["props"])
+            if event != "element":
+                by_kind["tap"].append(data["props"])
     return by_kind
 
 
@@ -143,13 +146,18 @@ def test_a_tapped_page_shows_the_text_and_figures_from_the_tap_and_the_whole_tex
     assert [(props["state"], element["forId"] != message_id) for element, props in
             zip([args[0] for event, args in received if event == "element"], updates["element"])] \
         == [("starting", True)], updates["element"]
-    live = updates["lab_live"]
+    live = updates["tap"]
     assert len(live) >= 8, f"only {len(live)} live refreshes in a 2 s reply"
+    assert len(updates["lab_text"]) >= 4, "the refreshes did not ride with the text"
     assert live[0]["state"] == "starting" and live[-1]["state"] == "completed", live
     assert all(props["state"] == "streaming" for props in live[1:-1]), live
     # The page drew them as the reply streamed: the count rose in several steps ...
     counts = streaming_token_counts(shown)
     assert len(counts) >= 4 and counts == sorted(counts), counts
+    # ... among them ones that came only with a piece of text (the page takes a refresh from there too),
+    only_with_text = {props["tokens"] for props in updates["lab_text"]} - {props.get("tokens")
+                                                                           for props in updates["lab_live"]}
+    assert only_with_text & set(counts), (counts, only_with_text)
     # ... and then showed the final figures.
     assert shown[-1]["state"] == "completed" and shown[-1]["tokens"].split()[0] == str(TOKENS), shown[-1]
 

@@ -13,7 +13,8 @@ So a page that taps its own socket (public/serving-lab.js) says so once its sock
 WebSocket; from then on, to that socket:
 - a reply's streamed text goes as `lab_text` events (`send_text`), which the page hands to the view
   of the reply's figures element: it shows the text above the figures until Chainlit's final update
-  of the message brings the whole text (the page drops its copy when that update arrives);
+  of the message brings the whole text (the page drops its copy when that update arrives); a refresh
+  of the figures that falls due while text streams rides in the same event (ui/live.py `CARRY_AFTER`);
 - every refresh of an element (a reply's figures, a round's columns, the engine panel), its final
   props too, goes as one `lab_live` event (`send`), which the page hands to the view alone.
 What is stored still goes through Chainlit: the message's creation and its final text, the
@@ -37,10 +38,11 @@ import chainlit as cl
 from chainlit.server import sio
 
 EVENT = "lab_live"  # server -> page: {"id": element id, "props": the element's props now}
-TEXT_EVENT = "lab_text"  # server -> page: {"id": element id, "for": message id, "text": the reply's next text}
+TEXT_EVENT = "lab_text"  # server -> page: {"id": element id, "for": message id, "text": the reply's next text,
+#                          "props": the element's live props now (optional)}
 ACK = "lab_live_ack"  # server -> page: {}
 OFFER = "serving-lab-live-tap"  # page -> server, by window message: {"servingLab": OFFER, "version": VERSION}
-VERSION = 2  # 2: the reply's text and the element's final props come this way too
+VERSION = 3  # 2: the reply's text and the element's final props come this way too; 3: live props ride with text
 SESSION_KEY = "live_tap_socket"
 
 
@@ -75,7 +77,11 @@ async def send(element_id: str, props: dict) -> None:
     await cl.context.emitter.emit(EVENT, {"id": element_id, "props": props})
 
 
-async def send_text(element_id: str, message_id: str, text: str) -> None:
+async def send_text(element_id: str, message_id: str, text: str, props: dict | None = None) -> None:
     """The next piece of a streaming reply's text, appended by the view of its figures element
-    `element_id` until Chainlit's update of message `message_id` brings the whole text."""
-    await cl.context.emitter.emit(TEXT_EVENT, {"id": element_id, "for": message_id, "text": text})
+    `element_id` until Chainlit's update of message `message_id` brings the whole text; with `props`,
+    the element's live props too (one event and one drawing instead of a `send` beside it)."""
+    payload = {"id": element_id, "for": message_id, "text": text}
+    if props is not None:
+        payload["props"] = props
+    await cl.context.emitter.emit(TEXT_EVENT, payload)

@@ -87,6 +87,11 @@ class MetricsElement(cl.CustomElement):
         element["props"] = {**(self.props or {}), "liveId": self.id}
         return element
 
+    def live_tap_props(self) -> dict | None:
+        """The props a tapped page may take with a piece of text (`live_tap.send_text`): live ones
+        only (final props go by `update`, which writes their row)."""
+        return None if self.final else self.props
+
     async def update(self) -> None:
         final = self.final
         self.updatable = final
@@ -514,14 +519,21 @@ class ReplyText:
         self.element = element
         self.tapped: bool | None = None
 
-    async def stream_token(self, token: str) -> None:
+    async def stream_token(self, token: str, figures: MetricsElement | None = None) -> None:
+        """The next piece of text; with `figures` (this reply's element), their live props too: in the
+        same event on a tapped page (one drawing), else the element's update after the text."""
         if self.tapped is None:
             self.tapped = live_tap.page_listens()
         if self.tapped:
             self.message.content += token
-            await live_tap.send_text(self.element.id, self.message.id, token)
+            props = None if figures is None else figures.live_tap_props()
+            await live_tap.send_text(self.element.id, self.message.id, token, props)
+            if props is None and figures is not None:
+                await figures.update()  # final props: the element's own path (its row is written)
         else:
             await self.message.stream_token(token)
+            if figures is not None:
+                await figures.update()
 
 
 def _author(label: str, name: str) -> str:
