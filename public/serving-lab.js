@@ -39,6 +39,23 @@
   const textOf = new Map(); // message id -> the element id whose view shows its text
   const listeners = new Map(); // element id -> Set of callbacks
   const tell = (id) => (listeners.get(id) || []).forEach((listener) => listener(held.get(id)));
+  // A reply's text is drawn at the end of the task its frame arrived in. An update the view makes
+  // from a socket event goes in a render task of React's own, queued behind whatever Chainlit has
+  // scheduled: at the start of a fast reply, Chainlit's drawing of the new message, so the reply's
+  // last text reached the DOM 10-23 ms after its frame. React (the page's, 18) draws an update
+  // made while a discrete event (`input`) is dispatched at once, before the next task, and only the
+  // components it touches; dispatched on an EventTarget of the tap's own, no one else sees it.
+  const urgent = new EventTarget();
+  let urgentWork = null;
+  urgent.addEventListener("input", () => urgentWork && urgentWork());
+  const tellNow = (id) => {
+    urgentWork = () => tell(id);
+    try {
+      urgent.dispatchEvent(new Event("input"));
+    } finally {
+      urgentWork = null;
+    }
+  };
   lab.live = {
     props: (id) => held.get(id),
     text: (id) => texts.get(id),
@@ -80,7 +97,7 @@
       texts.set(id, (texts.get(id) || "") + text);
       textOf.set(message, id);
       if (props) held.set(id, props);
-      tell(id);
+      tellNow(id);
     } else if (data.startsWith('42["element",') || data.startsWith('42["remove_element",')) {
       // No one is told: Chainlit renders the element with these props next, and the view, reading
       // what is held as it renders, then finds nothing newer.

@@ -8,7 +8,8 @@ chat's messages. Checked from both sides: the frames the page received, and the 
 showed while the reply streamed and after. The control is the same page without the tap (its script
 served without it): the text streams through Chainlit and every refresh is an element update, and
 the page still shows both growing, so the first test's observations come from the tap and nothing
-else.
+else. A last pair checks when a piece of text is drawn: in the task its frame arrived in (the page
+draws the tap's text as urgent), against a page that leaves it to React's next render task.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from playwright.sync_api import Page
 
 from servers.app import backend_env
-from servers.browser import serve_without_live_tap
+from servers.browser import serve_without_live_tap, socket_messages_js
 from servers.paced_openai import start_paced_server
 from tests.browser_frames import collect_frames, drain_frames, events
 from tests.test_browser import SNAPSHOT_JS, new_reply_id, send
@@ -184,3 +185,61 @@ def test_control_an_untapped_page_gets_chainlits_text_stream_and_every_refresh_a
     counts = streaming_token_counts(shown)
     assert len(counts) >= 4 and counts == sorted(counts), counts
     assert shown[-1]["state"] == "completed", shown[-1]
+
+
+# Installed before the page's scripts, so its listener runs before the tap's: for each piece of a
+# reply's text, whether the reply's figures were on the page when its frame arrived (a piece that
+# comes before Chainlit has drawn the new message has no view to be drawn in yet), and whether, in
+# a task queued the moment its frame arrived, the figures' view showed it. A drawing left to a
+# render task of React's own comes after that task (queued later).
+NEXT_TASK_JS = "window.__drawnByNextTask = [];\n" + socket_messages_js("""(data) => {
+  if (!data.startsWith('42["lab_text",')) return;
+  const words = JSON.parse(data.slice(2))[1].text.trim().split(/\\s+/);
+  const last = words[words.length - 1];
+  const mounted = document.querySelectorAll('[data-testid="metrics"]').length > 0;
+  const channel = new MessageChannel();
+  channel.port1.onmessage = () => {
+    const views = document.querySelectorAll('[data-testid="live-text"]');
+    const shown = views.length ? views[views.length - 1].textContent.trim().split(/\\s+/).pop() : null;
+    window.__drawnByNextTask.push({word: last, mounted, drawn: shown === last});
+    channel.port1.close();
+  };
+  channel.port2.postMessage(null);
+}""")
+
+
+def serve_tap_drawing_later(route) -> None:
+    """public/serving-lab.js with the tap telling the view of a piece of text as it tells it of a
+    refresh of the figures (`tell`, not `tellNow`): React draws it in a task of its own."""
+    script = route.fetch().text()
+    urgent = "      tellNow(id);"
+    if script.count(urgent) != 1:
+        raise AssertionError("public/serving-lab.js: the tap no longer tells the view of text with tellNow")
+    route.fulfill(status=200, content_type="text/javascript", body=script.replace(urgent, "      tell(id);"))
+
+
+def drawn_by_next_task(page: Page, app) -> list[dict]:
+    """One reply on a tapped page: for each piece of its text that came once the reply's figures were
+    on the page, {word: its last word, drawn: shown by the next task}."""
+    page.add_init_script(NEXT_TASK_JS)
+    frames = collect_frames(page)
+    _, received, texts = one_reply(page, app, frames)
+    assert texts[-1]["content"].split()[-1].startswith("pacedend"), texts[-1]
+    pieces = page.evaluate("() => window.__drawnByNextTask")
+    assert len(pieces) == len([event for event, _ in received if event == "lab_text"]), pieces
+    in_view = [piece for piece in pieces if piece["mounted"]]
+    assert len(in_view) >= 10 and in_view[-1]["word"].startswith("pacedend"), pieces
+    return in_view
+
+
+def test_a_piece_of_the_replys_text_is_in_the_dom_before_the_next_task_after_its_frame(page: Page, app):
+    pieces = drawn_by_next_task(page, app)
+    assert all(piece["drawn"] for piece in pieces), [piece["word"] for piece in pieces if not piece["drawn"]]
+
+
+def test_control_a_page_leaving_the_text_to_reacts_render_task_has_not_drawn_it_by_then(page: Page, app):
+    page.route("**/public/serving-lab.js", serve_tap_drawing_later)
+    pieces = drawn_by_next_task(page, app)
+    late = [piece["word"] for piece in pieces if not piece["drawn"]]
+    assert len(late) >= len(pieces) // 2, pieces
+
