@@ -23,7 +23,7 @@
 
 // Every component, made with the page's own React and Chainlit's Markdown (the stand-in passes them).
 function defineView(React, Markdown) {
-  const { memo, useEffect, useRef, useState } = React;
+  const { memo, useEffect, useLayoutEffect, useRef, useState } = React;
 
   const LABELS = {
     en: {
@@ -719,16 +719,25 @@ function defineView(React, Markdown) {
 
   // The element's props as they are now: the live props the page's socket tap holds for this
   // element (public/serving-lab.js, ui/live_tap.py) when they came after Chainlit's last update of
-  // it, else Chainlit's. Read as the view renders; the tap's news only asks for a render.
+  // it, else Chainlit's. Read as the view renders; the tap's news only asks for a render. The view
+  // listens from the commit that mounts it (a layout effect, in the task of that render), and what
+  // came between that render and listening is caught up at once: with a passive effect, a piece of
+  // text arriving in the tasks before React ran it (the last piece of a fast reply, just as its
+  // message was drawn) told no one, and waited for the next piece or the message's final update.
   function useLatest(data) {
     const live = window.ServingLab && window.ServingLab.live;
     const id = data.liveId;
     const [, setNews] = useState(0);
-    useEffect(() => {
+    const props = live && id ? live.props(id) : undefined;
+    const text = live && id && live.text ? live.text(id) : undefined;
+    useLayoutEffect(() => {
       if (!live || !id) return undefined;
-      return live.subscribe(id, () => setNews((n) => n + 1));
+      const unsubscribe = live.subscribe(id, () => setNews((n) => n + 1));
+      // `props` and `text` as the render being committed read them.
+      if (live.props(id) !== props || (live.text && live.text(id) !== text)) setNews((n) => n + 1);
+      return unsubscribe;
     }, [live, id]);
-    return (live && id && live.props(id)) || data;
+    return props || data;
   }
 
   function Metrics({ data, api }) {
@@ -765,5 +774,5 @@ function defineView(React, Markdown) {
 // scripts/build_web.mjs wraps this file and registers `defineView` under its build's version.
 
 const lab = (window.ServingLab = window.ServingLab || {});
-lab.builds = Object.assign(lab.builds || {}, { "9500d7738e7c": defineView });
+lab.builds = Object.assign(lab.builds || {}, { "129fe9774b37": defineView });
 })();

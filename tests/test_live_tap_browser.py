@@ -243,3 +243,50 @@ def test_control_a_page_leaving_the_text_to_reacts_render_task_has_not_drawn_it_
     late = [piece["word"] for piece in pieces if not piece["drawn"]]
     assert len(late) >= len(pieces) // 2, pieces
 
+
+# After the page loaded: the tap's store answers every view that has started listening with one more
+# word in its text, as if a piece had come between the render that mounted the view and its listening.
+# The log says in what order the view listened, the page received frames, and that word was drawn.
+CATCH_UP_JS = """() => {
+  const live = window.ServingLab.live;
+  const subscribe = live.subscribe, text = live.text;
+  const listening = new Set();
+  window.__catchUp = [];
+  live.subscribe = (id, listener) => {
+    listening.add(id);
+    window.__catchUp.push(["listening", id]);
+    return subscribe(id, listener);
+  };
+  live.text = (id) => {
+    const now = text(id);
+    return listening.has(id) ? (now === undefined ? "" : now + " ") + "caughtup" + id.replace(/-/g, "") : now;
+  };
+  new MutationObserver((records) => {
+    for (const record of records) {
+      const found = (record.type === "characterData" ? record.target.data : record.target.textContent || "")
+        .match(/caughtup[0-9a-f]+/g);
+      for (const word of found || []) window.__catchUp.push(["drawn", word]);
+    }
+  }).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+FRAME_LOG_JS = socket_messages_js("""(data) => {
+  if (window.__catchUp && data.startsWith("4")) window.__catchUp.push(["frame", data.slice(0, 24)]);
+}""")
+
+
+def test_a_piece_that_came_before_the_view_listened_is_drawn_as_it_starts_listening(page: Page, app):
+    page.add_init_script(FRAME_LOG_JS)
+    page.goto(app.url)
+    page.get_by_text("Backends", exact=True).wait_for(timeout=SESSION_READY_TIMEOUT_MS)
+    page.wait_for_timeout(1000)
+    page.evaluate(CATCH_UP_JS)
+    send(page, "count for me")
+    page.locator('[data-testid="metrics"][data-state="completed"]').first.wait_for(timeout=REPLY_TIMEOUT_S * 1000)
+    log = page.evaluate("() => window.__catchUp")
+    drawn = [word for kind, word in log if kind == "drawn"]
+    assert drawn, "the reply's view never drew the piece it had missed"
+    reply = drawn[0].removeprefix("caughtup")
+    listening = next(i for i, (kind, id_) in enumerate(log) if kind == "listening" and id_.replace("-", "") == reply)
+    # Drawn before the page handled any frame after the view began to listen: not on later news.
+    after = [kind for kind, _ in log[listening + 1:] if kind in ("frame", "drawn")]
+    assert after[0] == "drawn", log[listening:listening + 6]
