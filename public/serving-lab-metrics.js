@@ -717,7 +717,8 @@ function defineView(React, Markdown) {
     );
   }
 
-  // The element's props as they are now: the live props the page's socket tap holds for this
+  // The element's props as they are now, and the reply's text while it streams by the tap (else
+  // undefined): the live props the page's socket tap holds for this
   // element (public/serving-lab.js, ui/live_tap.py) when they came after Chainlit's last update of
   // it, else Chainlit's. Read as the view renders; the tap's news only asks for a render. The view
   // listens from the commit that mounts it (a layout effect, in the task of that render), and what
@@ -737,17 +738,15 @@ function defineView(React, Markdown) {
       if (live.props(id) !== props || (live.text && live.text(id) !== text)) setNews((n) => n + 1);
       return unsubscribe;
     }, [live, id]);
-    return props || data;
+    return [props || data, text];
   }
 
   function Metrics({ data, api }) {
-    const p = useLatest(data);
+    // `text`: a reply's text while it streams, when it came by the page's tap: Chainlit shows the
+    // message's whole text from its final update on, and the tap then drops this copy (ui/live_tap.py).
+    const [p, text] = useLatest(data);
     if (p.kind === "compare") return React.createElement(CompareGrid, { p: p, api: api,} );
     if (p.kind === "engines") return React.createElement(EnginePanel, { p: p, api: api,} );
-    // A reply's text while it streams, when it came by the page's tap: Chainlit shows the message's
-    // whole text from its final update on, and the tap then drops this copy (ui/live_tap.py).
-    const live = window.ServingLab && window.ServingLab.live;
-    const text = live && live.text && data.liveId ? live.text(data.liveId) : undefined;
     if (text === undefined) return React.createElement(ReplyFigures, { p: p,} );
     return (
       React.createElement(React.Fragment, null
@@ -774,5 +773,5 @@ function defineView(React, Markdown) {
 // scripts/build_web.mjs wraps this file and registers `defineView` under its build's version.
 
 const lab = (window.ServingLab = window.ServingLab || {});
-lab.builds = Object.assign(lab.builds || {}, { "129fe9774b37": defineView });
+lab.builds = Object.assign(lab.builds || {}, { "4f26d70b359f": defineView });
 })();

@@ -48,16 +48,8 @@
   // tokens/s; docs/engineers/class-burst.md). A piece that comes before Chainlit has drawn the
   // reply's message still waits for that drawing: the view does not exist yet.
   const urgent = new EventTarget();
-  let urgentWork = null;
-  urgent.addEventListener("input", () => urgentWork && urgentWork());
-  const tellNow = (id) => {
-    urgentWork = () => tell(id);
-    try {
-      urgent.dispatchEvent(new Event("input"));
-    } finally {
-      urgentWork = null;
-    }
-  };
+  urgent.addEventListener("input", (event) => tell(event.detail));
+  const tellNow = (id) => urgent.dispatchEvent(new CustomEvent("input", { detail: id }));
   lab.live = {
     props: (id) => held.get(id),
     text: (id) => texts.get(id),

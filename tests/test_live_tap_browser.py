@@ -63,13 +63,17 @@ TEXT_JS = """
 """
 
 
+def open_chat(page: Page, app) -> None:
+    page.goto(app.url)
+    page.get_by_text("Backends", exact=True).wait_for(timeout=SESSION_READY_TIMEOUT_MS)
+    page.wait_for_timeout(1000)  # the page has offered and been answered (or, untapped, never offers)
+
+
 def one_reply(page: Page, app, frames) -> tuple[list[dict], list[tuple[str, list]], list[dict]]:
     """Send one message; the reply's figures as the page showed them every 50 ms, the events the page
     received meanwhile, and where its text was shown (`TEXT_JS`) at each of those moments and once
     the reply's task had ended."""
-    page.goto(app.url)
-    page.get_by_text("Backends", exact=True).wait_for(timeout=SESSION_READY_TIMEOUT_MS)
-    page.wait_for_timeout(1000)  # the page has offered and been answered (or, untapped, never offers)
+    open_chat(page, app)
     since = len(frames["received"])
     send(page, "count for me")
     step_id = new_reply_id(page, None)
@@ -276,9 +280,7 @@ FRAME_LOG_JS = socket_messages_js("""(data) => {
 
 def test_a_piece_that_came_before_the_view_listened_is_drawn_as_it_starts_listening(page: Page, app):
     page.add_init_script(FRAME_LOG_JS)
-    page.goto(app.url)
-    page.get_by_text("Backends", exact=True).wait_for(timeout=SESSION_READY_TIMEOUT_MS)
-    page.wait_for_timeout(1000)
+    open_chat(page, app)
     page.evaluate(CATCH_UP_JS)
     send(page, "count for me")
     page.locator('[data-testid="metrics"][data-state="completed"]').first.wait_for(timeout=REPLY_TIMEOUT_S * 1000)
