@@ -63,6 +63,12 @@ TEXT_JS = """
 """
 
 
+# The figures (SNAPSHOT_JS) and where the text is (TEXT_JS) at one moment of the page: read in two
+# evaluations, the reply's end could come between them (figures still "streaming", the message
+# already holding its whole text).
+MOMENT_JS = f"(stepId) => [({SNAPSHOT_JS})(stepId), ({TEXT_JS})(stepId)]"
+
+
 def open_chat(page: Page, app) -> None:
     page.goto(app.url)
     page.get_by_text("Backends", exact=True).wait_for(timeout=SESSION_READY_TIMEOUT_MS)
@@ -71,8 +77,8 @@ def open_chat(page: Page, app) -> None:
 
 def one_reply(page: Page, app, frames) -> tuple[list[dict], list[tuple[str, list]], list[dict]]:
     """Send one message; the reply's figures as the page showed them every 50 ms, the events the page
-    received meanwhile, and where its text was shown (`TEXT_JS`) at each of those moments and once
-    the reply's task had ended."""
+    received meanwhile, and where its text was shown (`TEXT_JS`) at each of those moments (read
+    together, `MOMENT_JS`) and once the reply's task had ended."""
     open_chat(page, app)
     since = len(frames["received"])
     send(page, "count for me")
@@ -81,8 +87,9 @@ def one_reply(page: Page, app, frames) -> tuple[list[dict], list[tuple[str, list
     deadline = time.monotonic() + REPLY_TIMEOUT_S
     while not shown or shown[-1]["state"] not in ("completed", "stopped", "error"):
         assert time.monotonic() < deadline, f"the reply did not finish: {shown[-1:]}"
-        shown.append(page.evaluate(SNAPSHOT_JS, step_id))
-        texts.append(page.evaluate(TEXT_JS, step_id))
+        figures, text = page.evaluate(MOMENT_JS, step_id)
+        shown.append(figures)
+        texts.append(text)
         time.sleep(0.05)
     received = events(drain_frames(page, frames, since=since, until_task_end=True))
     page.wait_for_timeout(200)  # the last frames drawn
