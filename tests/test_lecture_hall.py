@@ -131,8 +131,19 @@ def _thread_of(browser: requests.Session, hall: Hall, prompt: str) -> dict:
     return thread.json()
 
 
+def _stored_reply(browser: requests.Session, hall: Hall, chat: str, prompt: str) -> dict | None:
+    """The stored reply to `prompt`, in the chat named by `chat` (its first prompt), as `browser`
+    reads it now; None while there is none."""
+    try:
+        return reply_after(_thread_of(browser, hall, chat), prompt)
+    except StopIteration:
+        return None
+
+
 def test_killing_a_replica_mid_reply(hall: Hall):
     alice_jar, bob_jar = log_in_on(hall, "alice", "app-1"), log_in_on(hall, "bob", "app-2")
+    # Her chat read through the other replica, which cannot write what app-1 still has queued.
+    alice_elsewhere = log_in_on(hall, "alice", "app-2")
     first_prompt, cut_prompt = "Before the fault " + hall.logs.name, "During the fault " + hall.logs.name
     alice = ChainlitClient(hall.url, http=alice_jar)
     bob = ChainlitClient(hall.url, http=bob_jar, record_events=True)
@@ -141,11 +152,20 @@ def test_killing_a_replica_mid_reply(hall: Hall):
         bob.open_chat()
         first = alice.ask(first_prompt, REPLY_TIMEOUT_S)
         assert first.outcome == "replied"
+        # A reply she saw end is in the database when its task ends (not a batch window later):
+        # read at once, it is whole, and app-1 may die from here on without losing it.
+        kept = _stored_reply(alice_elsewhere, hall, first_prompt, first_prompt)
+        assert kept is not None and kept["output"] == first.text and "in_flight" not in str(kept.get("metadata")), kept
         cut = alice.send(cut_prompt)
         deadline = time.monotonic() + 30
         while cut.first_token_at_s is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.005)
         assert cut.first_token_at_s is not None and not cut.done, cut.as_dict()
+        # Her message and its reply's in-flight mark were written as the reply showed, not a batch
+        # window (100 ms) later: read as its first text arrives, the database knows it is under way.
+        in_flight = _stored_reply(alice_elsewhere, hall, first_prompt, cut_prompt)
+        assert in_flight is not None and "in_flight" in str(in_flight.get("metadata")) \
+            and not in_flight["isError"], in_flight
         survivor = bob.send("A question on the other replica")
         while survivor.first_token_at_s is None and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -740,6 +740,40 @@ async def test_a_batch_flushes_by_itself_within_its_window(postgres_store):
     assert await steps_of(store, thread) == ["on its own"]
 
 
+async def test_a_hurried_batch_is_written_at_once_not_at_the_end_of_its_window(postgres_store):
+    """A reply's start hurries the batch (ui/chat_history.write_history_soon): what is queued is
+    written within HURRY_S. Control: the same writes, not hurried, still wait for the window."""
+    store, layer, _ = postgres_store
+    written = {}
+    for hurried in (False, True):
+        thread = new_id()
+        await layer.update_thread(thread)
+        await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": "Bot",
+                                           "type": "assistant_message", "output": f"hurried {hurried}"})
+        if hurried:
+            layer.writes.hurry()
+        await asyncio.sleep(BATCH_WINDOW_S / 2)
+        written[hurried] = await steps_of(store, thread)
+        await layer.writes.flush()
+    assert written == {False: [], True: ["hurried True"]}
+
+
+async def test_waiting_for_the_history_returns_once_what_was_queued_is_in_the_database(postgres_store):
+    """A reply's end (ui/chat_history.history_written): every write queued before the wait is in
+    the database when it returns, in one batch, long before the window would have written it."""
+    store, layer, _ = postgres_store
+    thread = new_id()
+    await layer.update_thread(thread)
+    for number in range(3):
+        await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": "Bot",
+                                           "type": "assistant_message", "output": f"step {number}"})
+    batches = layer.writes.batches
+    assert await steps_of(store, thread) == []
+    await asyncio.wait_for(layer.writes.written(), timeout=BATCH_WINDOW_S * 0.9)  # not left to the window
+    assert await steps_of(store, thread) == ["step 0", "step 1", "step 2"] and layer.writes.batches == batches + 1
+    await asyncio.wait_for(layer.writes.written(), timeout=1)  # nothing queued: returns at once
+
+
 async def test_a_refused_write_in_a_batch_is_set_aside_and_the_rest_of_the_batch_is_written(postgres_store):
     """A step whose name is a number is refused by the driver for good: alone in its batch it would be
     set aside; amid others, the batch is written again a write at a time and only it is set aside."""
@@ -749,7 +783,8 @@ async def test_a_refused_write_in_a_batch_is_set_aside_and_the_rest_of_the_batch
     for number, name in enumerate(["Bot", 5, "Bot"]):
         await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": name, "type": "assistant_message",
                                            "output": f"step {number}"})
-    await layer.writes.flush()
+    # A reply's end waits for its history (ui/chat_history.history_written): a refused write ends the wait too.
+    await asyncio.wait_for(layer.writes.written(), timeout=30)
     assert await steps_of(store, thread) == ["step 0", "step 2"]
     assert len(dead_letters(store)) == 1 and store.outbox.waiting == 0
 
@@ -763,7 +798,7 @@ async def test_a_batch_the_database_cannot_take_waits_whole_and_in_order(own_pos
     for number in range(3):
         await layer.execute_sql(STEP_SQL, {"id": new_id(), "thread": thread, "name": "Bot", "type": "assistant_message",
                                            "output": f"step {number}"})
-    await layer.writes.flush()
+    await asyncio.wait_for(layer.writes.written(), timeout=30)  # kept in the outbox: the wait ends
     assert store.outbox.waiting == 3
     own_postgres.start()
     await wait_until_written(store, timeout_s=20)

@@ -35,8 +35,13 @@ queued before it (a chat reopened sees its last message); the session saved
 as a chat is left, and what is queued when the app stops, are written at once.
 Chainlit also writes its thread before every step: a thread this process has
 written is known to exist, so a step with nothing to change writes no thread.
-What a crash (not a stop) can lose is the last window's history; a reply's own
-row is written by the app, not here.
+A reply's start and end do not wait out the window (`HURRY_S` instead): the
+person's message and the reply's in-flight mark are written as its message
+shows (`write_history_soon`), and its end before its task ends
+(`history_written`), so what a crash (not a stop) can lose is the window's
+other history: never a reply a person saw end, nor (beyond `HURRY_S`) a
+message whose reply had shown. A reply's own row is written
+by the app, not here.
 
 The one module of this package that imports Chainlit.
 """
@@ -72,6 +77,7 @@ WRITE_VERBS = ("INSERT", "UPDATE", "DELETE")
 # After a read found the database unavailable, reads are not tried for this long.
 READ_PAUSE_S = 2.0
 BATCH_WINDOW_S = 0.1  # history writes queued within this long go in one transaction
+HURRY_S = 0.01  # a reply's start or end: its history is written within this long (HistoryWrites.hurry)
 # Parameters Chainlit hands over as JSON text it dumped itself.
 _JSON_TEXT_PARAMETERS = frozenset({"metadata", "generation", "props", "playerConfig", "modes"})
 
@@ -323,6 +329,9 @@ class HistoryWrites:
         self._timer: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        self._numbered = 0  # writes queued so far
+        self._through = 0  # of those, the ones whose batch has been handled (written, kept or set aside)
+        self._handled = asyncio.Condition()
         self.batches = 0  # written so far (for tests and /lab/state)
 
     @property
@@ -331,8 +340,29 @@ class HistoryWrites:
 
     def queue(self, write: PendingWrite) -> None:
         self._queued.append(write)
+        self._numbered += 1
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.window_s, self._flush_soon)
+
+    def hurry(self) -> None:
+        """Write what is queued within `HURRY_S` instead of at the window's end (with what else
+        is queued meanwhile: a class's replies that start or end together share a transaction)."""
+        loop = asyncio.get_running_loop()
+        if self._timer is not None:
+            if self._timer.when() <= loop.time() + HURRY_S:
+                return
+            self._timer.cancel()
+        self._timer = loop.call_later(HURRY_S, self._flush_soon)
+
+    async def written(self) -> None:
+        """Return once every write queued so far is handled (`hurry`): in the database, or in the
+        outbox when the database cannot take it now, or set aside when it refused it."""
+        target = self._numbered
+        if self._through >= target:
+            return
+        self.hurry()
+        async with self._handled:
+            await self._handled.wait_for(lambda: self._through >= target)
 
     def _flush_soon(self) -> None:
         self._timer = None
@@ -347,8 +377,14 @@ class HistoryWrites:
                 self._timer.cancel()
                 self._timer = None
             batch, self._queued = self._queued, []
-            if batch:
-                await self._write(batch)
+            taken = self._numbered
+            try:
+                if batch:
+                    await self._write(batch)
+            finally:  # however it went (see `_write`): whoever waits for these goes on
+                self._through = taken
+                async with self._handled:
+                    self._handled.notify_all()
 
     async def _write(self, batch: list[PendingWrite]) -> None:
         layer = self.layer
@@ -377,13 +413,37 @@ class HistoryWrites:
             self.batches += 1
 
 
-async def flush_history() -> None:
-    """Write the history still queued (the app is stopping): Chainlit's data layer, if it is this one."""
+def _writes() -> HistoryWrites | None:
+    """The batches of Chainlit's data layer, if it is this one and writes in batches."""
     from chainlit.data import get_data_layer
 
     layer = get_data_layer()
-    if isinstance(layer, AppDataLayer) and layer.writes is not None:
-        await layer.writes.flush()
+    return layer.writes if isinstance(layer, AppDataLayer) else None
+
+
+async def flush_history() -> None:
+    """Write the history still queued (the app is stopping)."""
+    if (writes := _writes()) is not None:
+        await writes.flush()
+
+
+def write_history_soon() -> None:
+    """A reply's message has just shown: the person's message and the reply's in-flight mark are
+    written within `HURRY_S`, not a batch window later, so a replica that dies mid-reply leaves
+    both behind (its reply then reads as interrupted, `_mark_interrupted`). Chainlit's write of the
+    message is a task it has just created: it queues its write before then."""
+    if (writes := _writes()) is not None:
+        writes.hurry()
+
+
+async def history_written() -> None:
+    """Return once the history queued so far is handled (`HistoryWrites.written`), Chainlit's writes
+    just under way included (tasks it created, `Message.update`'s: they queue theirs first): called
+    before a message's task ends, so a reply the person saw end survives the replica dying the
+    moment after."""
+    await asyncio.sleep(0)
+    if (writes := _writes()) is not None:
+        await writes.written()
 
 
 class _DropMessage(logging.Filter):

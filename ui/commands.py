@@ -18,6 +18,7 @@ import chainlit as cl
 from core import reports as core_reports
 from core.round_flow import give_up_rounds
 from ui import engines_view, reports_view as reports, rounds_view, session_memory as memory, session_view as session
+from ui.chat_history import history_written
 from core.texts import text
 
 COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt", "trace")
@@ -79,6 +80,7 @@ async def answer(user_text: str) -> None:
             await rounds_view.compare_reply(user_text)
     finally:
         memory.bound_session()
+    await history_written()  # a reply the person saw end outlives the replica before its task ends
 
 
 async def run_command(name: str, arguments: str = "") -> None:

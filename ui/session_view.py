@@ -34,6 +34,7 @@ from core.input import Checked, check_message, refusal_of
 from core.session_state import LabSession
 from core.figures import initial_props
 from ui.browser_id import browser_id
+from ui.chat_history import write_history_soon
 from ui.live import LiveReply
 from ui import live_tap
 from core.images import configured_image_origins, remote_images_as_links
@@ -454,6 +455,7 @@ class ChatReplyView:
             if ready is not None:
                 await live_tap.send(metrics.id, props)
             await message.send()
+            write_history_soon()  # the person's message and this mark outlive the replica from now on
 
         async def engine_at_start() -> str | None:
             await plan.engine_state()
