@@ -90,10 +90,10 @@ def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value * 1000:.0f}"
 
 
-def report(records: list[dict], rss: dict[str, list[tuple[float, float]]], rows_written: int,
+def report(records: list[dict], rss: dict[str, list[tuple[float, float]]],
            warm_up_s: float, phase: str = "") -> tuple[list[str], list[Goal]]:
     """The per-replica and total table, and the goals, from the students' records (`phase`: named in
-    each goal, when a run has several)."""
+    each goal, when a run has several). The rows in the database are counted once, after every phase."""
     opens = [r for r in records if r["kind"] == "open"]
     messages = [r for r in records if r["kind"] == "message"]
     names = sorted({r.get("replica") or "?" for r in opens + messages} | set(rss))
@@ -118,7 +118,7 @@ def report(records: list[dict], rss: dict[str, list[tuple[float, float]]], rows_
     finished = [m for m in messages if m["outcome"] != "unfinished"]
     failed = [m for m in finished if m["outcome"] != "replied"]
     first = [m["first_token_s"] for m in replied]
-    lines.append(f"rows written (replies table): {rows_written}; replies the students saw: {len(replied)}; "
+    lines.append(f"replies the students saw: {len(replied)}; "
                  f"messages still unfinished when the run ended: {len(messages) - len(finished)}")
     students = defaultdict(int)
     for o in opens:
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     for phase in args.phases:
         records = _records(results / phase)
         replied_in_all += sum(1 for r in records if r["kind"] == "message" and r["outcome"] == "replied")
-        lines, phase_goals = report(records, rss, -1, warm_up_s=30.0, phase=phase)
+        lines, phase_goals = report(records, rss, warm_up_s=30.0, phase=phase)
         (results / phase / "report.md").write_text("\n".join(lines) + "\n")
         print(f"\n### {phase}\n" + "\n".join(lines))
         goals += phase_goals
