@@ -2,8 +2,10 @@
 # The whole lab in one command: every engine this machine can run, and the app with all of them.
 #
 #   bash scripts/lab.sh [--port 8000] [--without vllm,llama_server] [--logs DIR]
+#   bash scripts/lab.sh --class N [--host ADDR] [--port 8000] [--new-class] [--class-dir DIR] [--join-url URL]
 #
-# Starts, all on 127.0.0.1 (the engines on free ports), and stops by PID on Ctrl-C or SIGTERM:
+# Starts, on 127.0.0.1 (the engines on free ports; with --class the app on every interface), and
+# stops by PID on Ctrl-C or SIGTERM:
 #   - the embedded model: llama.cpp inside the app's process (backend llama_cpp), always;
 #   - llama.cpp's server (scripts/llama_server.sh, backend llama_server) when its binary is built
 #     (bash scripts/llama_server.sh --setup-only; bash scripts/setup.sh --test builds it too);
@@ -17,11 +19,20 @@
 # Prints the address and which engines are up, and why one is not. LAB_VLLM_START_S (default 300)
 # and LAB_LLAMA_SERVER_START_S (60) bound the wait for each engine. Logs in --logs DIR (default: a
 # new /tmp folder). --without leaves engines out (llama_server, vllm, tgi).
+#
+# --class N makes the room: the app listens on every interface (--host ADDR: one of them) and
+# prints the addresses students open; N student logins (student01...) and a teacher, with random
+# passwords, login on with a generated secret; the class sheet (a CSV user,password, printed as
+# LAB_CLASS_SHEET=PATH, and a page of slips to print, LAB_CLASS_SLIPS=PATH, each with the address,
+# its QR code, the user and the password) in --class-dir (default lab-class/). Running it again
+# keeps the class and its passwords (more students are added when N grows) unless --new-class.
+# The capacity sweep's objective (CAPACITY_SLO) is set for this machine unless set already.
+# No password is ever printed: they are in the sheet, readable by its owner only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-port=8000 logs="" without=","
-usage() { sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+port=8000 logs="" without="," class="" host="" new_class=0 class_dir=lab-class join_url=""
+usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 fail() { echo "lab: $*" >&2; exit 2; }
 step() { echo "==> [$(date +%H:%M:%S)] $*"; }
 
@@ -30,17 +41,52 @@ while [ $# -gt 0 ]; do
     --port) port=${2:-}; shift 2 ;;
     --logs) logs=${2:-}; shift 2 ;;
     --without) without=",${2:-},"; shift 2 ;;
+    --class) class=${2:-}; shift 2 ;;
+    --host) host=${2:-}; shift 2 ;;
+    --new-class) new_class=1; shift ;;
+    --class-dir) class_dir=${2:-}; shift 2 ;;
+    --join-url) join_url=${2:-}; shift 2 ;;
     -h|--help) usage ;;
     *) fail "unknown option $1 (see --help)" ;;
   esac
 done
 [[ "$port" =~ ^[0-9]+$ ]] || fail "--port must be a number (got '$port')"
+if [ -n "$class" ]; then
+  [[ "$class" =~ ^[0-9]+$ ]] && [ "$class" -ge 1 ] && [ "$class" -le 200 ] || fail "--class takes 1 to 200 students (got '$class')"
+  host=${host:-0.0.0.0}
+else
+  [ "$new_class" = 0 ] && [ -z "$join_url" ] || fail "--new-class and --join-url go with --class N"
+  host=${host:-127.0.0.1}
+fi
+[[ "$host" =~ ^[0-9a-fA-F.:]+$ ]] || fail "--host must be an IP address such as 0.0.0.0 or 192.168.1.20 (got '$host')"
 APP_VENV=${APP_VENV:-.venv}
 PY="$APP_VENV/bin/python"
 [ -x "$APP_VENV/bin/chainlit" ] || fail "no chainlit in $APP_VENV: run 'bash scripts/setup.sh' first (or set APP_VENV)"
 logs=${logs:-$(mktemp -d /tmp/serving-lab.XXXXXX)}
 mkdir -p "$logs"
 started_at=$SECONDS
+
+# ---------------------------------------------------------------- the class, with --class N
+class_env=()
+if [ -n "$class" ]; then
+  step "Preparing the class of $class in $class_dir (the logins are hashed: a few seconds)"
+  made=$("$PY" -m core.classroom --students "$class" --dir "$class_dir" --host "$host" --port "$port" \
+         ${join_url:+--join-url "$join_url"} $([ "$new_class" = 1 ] && echo --new)) || exit 2
+  field() { printf '%s\n' "$made" | sed -n "s/^$1=//p"; }
+  class_said=$(field CLASS_SAID) join_urls=$(field LAB_JOIN_URLS)
+  class_sheet=$(field LAB_CLASS_SHEET) class_slips=$(field LAB_CLASS_SLIPS)
+  while IFS= read -r line; do [ -n "$line" ] && class_env+=("$line"); done < "$(field LAB_CLASS_ENV)"
+  # The objective: the environment's or .env's CAPACITY_SLO, else one this machine's engines can meet.
+  slo=${CAPACITY_SLO:-$("$PY" -c 'import os; from config import load_env; load_env(); print(os.environ.get("CAPACITY_SLO", ""))')}
+  if [ -n "$slo" ]; then
+    slo_said="$slo (CAPACITY_SLO, as set)"
+  elif nvidia-smi -L >/dev/null 2>&1; then
+    slo=$("$PY" -c 'from core.classroom import GPU_SLO; print(GPU_SLO)'); slo_said="$slo (a GPU's, the article's kind; CAPACITY_SLO changes it)"
+  else
+    slo=$("$PY" -c 'from core.classroom import CPU_SLO; print(CPU_SLO)'); slo_said="$slo (a CPU's: vLLM's CPU build meets it for a few people; CAPACITY_SLO changes it)"
+  fi
+  class_env+=("CAPACITY_SLO=$slo")
+fi
 
 # ---------------------------------------------------------------- processes we start, stopped by PID
 # Each runs in a session of its own (setsid): its PID is its process group, so stopping it also
@@ -148,23 +194,42 @@ app_env=(CHAINLIT_APP_ROOT="$PWD" BACKENDS="$backends" DEFAULT_BACKEND=llama_cpp
 [ -n "${url[llama_server]:-}" ] && app_env+=(LLAMA_SERVER_BASE_URL="${url[llama_server]}")
 [ -n "${url[vllm]:-}" ] && app_env+=(VLLM_BASE_URL="${url[vllm]}")
 [ -n "${url[tgi]:-}" ] && app_env+=(TGI_BASE_URL="${url[tgi]}")
-step "Starting the app on 127.0.0.1:$port with BACKENDS=$backends (log: $logs/app.log)"
-start app "$logs/app.log" "${app_env[@]}" setsid "$APP_VENV/bin/chainlit" run app.py --headless --host 127.0.0.1 --port "$port"
+case "$host" in 0.0.0.0|::) local_host=127.0.0.1 ;; *:*) local_host="[$host]" ;; *) local_host=$host ;; esac
+local_url="http://$local_host:$port"
+app_env+=("${class_env[@]}")
+step "Starting the app on $host:$port with BACKENDS=$backends (log: $logs/app.log)"
+start app "$logs/app.log" "${app_env[@]}" setsid "$APP_VENV/bin/chainlit" run app.py --headless --host "$host" --port "$port"
 app_pid=$!
 for _ in $(seq 240); do
-  answers "http://127.0.0.1:$port/" && break
+  answers "$local_url/" && break
   kill -0 "$app_pid" 2>/dev/null || { tail -n 20 "$logs/app.log" >&2; fail "the app exited (log: $logs/app.log)"; }
   sleep 0.5
 done
-answers "http://127.0.0.1:$port/" || { tail -n 20 "$logs/app.log" >&2; fail "the app did not answer within 120 s"; }
+answers "$local_url/" || { tail -n 20 "$logs/app.log" >&2; fail "the app did not answer within 120 s"; }
 
-step "Ready after $(( SECONDS - started_at )) s: open http://127.0.0.1:$port (Ctrl-C stops everything)"
+step "Ready after $(( SECONDS - started_at )) s: open $local_url (Ctrl-C stops everything)"
 for name in llama_cpp llama_server vllm tgi; do
   state="not up"; [ -n "${is_up[$name]:-}" ] && state="up"
   printf '    %-7s %-13s %s\n' "$state" "$name" "${why[$name]}"
 done
-echo "LAB_URL=http://127.0.0.1:$port"
-echo "LAB_BACKENDS=$backends"
+if [ -n "$class" ]; then
+  echo "    The class: ${class_said}; login is on."
+  if [ -n "$join_urls" ]; then
+    echo "    Students open: ${join_urls// /  or  }"
+  else
+    echo "    Students cannot reach this machine: it has no network address but loopback. Join it to the room's network, then run this again."
+  fi
+  echo "    Their logins: print $class_slips (one slip each); the teacher's is on its last page."
+  echo "    Objective of the capacity sweep: $slo_said"
+fi
+echo "LAB_URL=$local_url"
+if [ -n "$class" ]; then
+  echo "LAB_JOIN_URLS=$join_urls"
+  echo "LAB_CLASS_SHEET=$class_sheet"
+  echo "LAB_CLASS_SLIPS=$class_slips"
+  echo "LAB_CAPACITY_SLO=$slo"
+fi
+echo "LAB_BACKENDS=$backends"  # the last line: the lab is ready
 
 declare -A reported=()
 while :; do

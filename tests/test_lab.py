@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from config import REPO
 from load.chainlit_client import ChainlitClient
@@ -143,6 +144,11 @@ def test_the_lab_says_why_an_engine_is_not_up_and_starts_the_app_without_it(tmp_
         with ChainlitClient(lab["LAB_URL"]) as client:
             client.open_chat(timeout_s=120)
             assert client.ask("Say hello.", ROUND_TIMEOUT_S).ok
+        # Without --class the app is this machine's alone: 127.0.0.1 only, not even 127.0.0.2
+        # (tests/test_lab_class.py reaches a class lab there).
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.2:{port}/", timeout=10)
+        assert "LAB_JOIN_URLS" not in lab and "login is on" not in output
         started = processes_started_by(tmp_path, process.pid)
         assert started  # the app
     finally:
