@@ -10,8 +10,8 @@ address and cookies, and applies `core.login_limits` (the rules are there):
        HTTP 429  {"detail": "too many attempts, try again in 42 s"}  Retry-After: 42
 
    (the login page shows "Too many sign-in attempts", .chainlit/translations).
-2. An unknown name waits as long as a check takes, then gets Chainlit's own
-   401; a known one is checked on a worker thread in its address's turn.
+2. An unknown name waits as long as a check takes, then gets the same 401 as
+   a wrong password ("wrong user name or password"); a known one is checked on a worker thread in its address's turn.
 3. A right password: the limits forget the pair's failures, Chainlit's route
    makes the login (its callback only accepts the name this route has just
    checked, so the password is hashed once and nothing reaches Chainlit's route
@@ -81,8 +81,9 @@ def too_many(wait_s: float) -> JSONResponse:
 
 
 def wrong() -> HTTPException:
-    """Chainlit's own answer to a wrong name or password."""
-    return HTTPException(status_code=401, detail="credentialssignin")
+    """A wrong name or password, said plainly (the page's toast shows the detail; its form shows
+    the translation of "Unauthorized", .chainlit/translations)."""
+    return HTTPException(status_code=401, detail="wrong user name or password")
 
 
 def install(auth: AuthConfig, limits: LoginLimits | None = None) -> None:
