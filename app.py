@@ -196,6 +196,12 @@ async def on_status(action: cl.Action) -> None:
     await commands.run_action("status")
 
 
+@cl.action_callback("close_rounds")
+@guarded
+async def on_close_rounds(action: cl.Action) -> None:
+    await commands.run_action("close_rounds")
+
+
 @cl.action_callback("simulate")
 @guarded
 async def on_simulate(action: cl.Action) -> dict:

@@ -48,6 +48,9 @@ PROCESS_LOCK_NAME = "serving-lab process "
 # teachers only, core/disclosure.py): a lesson, by default; a round left longer stops holding others.
 BLIND_OPEN_VARIABLE = "BLIND_OPEN_S"
 DEFAULT_BLIND_OPEN_S = 7200.0
+# With login off nobody can be told apart, so nobody sees live load while a round is open: a round
+# left unvoted (a rehearsal's) holds the panel for everyone, so only briefly.
+DEFAULT_BLIND_OPEN_NO_LOGIN_S = 600.0
 
 
 @dataclass
@@ -101,12 +104,14 @@ class AppState:
             load_env()
             env = dict(os.environ)
         raw_open = (env.get(BLIND_OPEN_VARIABLE) or "").strip()
+        auth = auth_from_env(env)
+        default_open_s = DEFAULT_BLIND_OPEN_S if auth.enabled else DEFAULT_BLIND_OPEN_NO_LOGIN_S
         return cls(
             registry=Registry.from_env(env),
             defaults=ChatDefaults.from_env(env, backend_names(env)),
             presets=load_presets(),
-            auth=auth_from_env(env),
-            blind_open_s=parse_seconds(BLIND_OPEN_VARIABLE, raw_open) if raw_open else DEFAULT_BLIND_OPEN_S,
+            auth=auth,
+            blind_open_s=parse_seconds(BLIND_OPEN_VARIABLE, raw_open) if raw_open else default_open_s,
         )
 
     # ------------------------------------------------------------ the blind rule (core/disclosure.py)
@@ -364,6 +369,11 @@ def _elsewhere(holder: str | None) -> Notice | None:
     return Notice("load_elsewhere", {"replica": holder.removeprefix(LOAD_LOCK_NAME) or "?"})
 
 
+def class_blind_notice(state: AppState) -> Notice:
+    """Live load waits for the class's open blind rounds: for how long at most, and who can end it."""
+    return Notice("panel_class_blind", {"minutes": max(1, round(state.blind_open_s / 60))})
+
+
 def sees_live_load(state: AppState, user: str | None) -> bool:
     """Whether this person may see live per-engine load while blind rounds are open in the
     deployment: a teacher, with login on. With login off nobody can be told apart, so nobody
@@ -380,7 +390,7 @@ async def live_load_refusal(state: AppState, mode: str, user: str | None, *, rul
     if (wait := rule.refusal("engines")) is not None:
         return Notice(wait.key, wait.values)
     if not sees_live_load(state, user) and await state.disclosures.deployment_open():
-        return Notice("panel_class_blind")
+        return class_blind_notice(state)
     return None
 
 
@@ -396,7 +406,7 @@ async def load_refusal(state: AppState, mode: str, user: str | None, *, rule: Di
     if (wait := rule.load_refusal()) is not None:
         return Notice(wait.key, wait.values)
     if not sees_live_load(state, user) and await state.disclosures.deployment_open():
-        return Notice("panel_class_blind")
+        return class_blind_notice(state)
     return await state.running_load()
 
 

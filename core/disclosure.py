@@ -358,6 +358,18 @@ class DisclosureBook:
             return
         rule.loading = loop.create_task(self._read(rule), name="blind rule read")
 
+    def closed(self, rounds_by_person: Mapping[str, Iterable[str]]) -> None:
+        """A teacher closed these rounds (core.round_flow.close_class_rounds): released in this
+        process at once, and every person concerned read again."""
+        for person, round_ids in rounds_by_person.items():
+            rule = self._people.get(person)
+            if rule is not None:
+                for round_id in round_ids:
+                    rule.reveal(round_id)
+            self.changed(person)
+        self._open_changes += 1
+        self._open_until = 0.0
+
     def feed_lost(self) -> None:
         """Announcements may have been missed (the feed broke, or has just connected): read again."""
         self.changed(None)

@@ -17,6 +17,7 @@ checks a vote, stores it and reveals the round. The UI (ui/rounds_view.py) imple
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
@@ -35,6 +36,8 @@ from core.session_state import LabSession
 from store import CompareRound, RoundColumn, SavedLater, Store, StoreError, Vote, names_in_comment
 from store.records import UNRATED_COMMENT_NAMES_BACKEND, UNRATED_SHOWN_BEFORE_VOTE, utc_now
 from vocabulary import VOTE_OUTCOMES
+
+log = logging.getLogger(__name__)
 
 RECENT_ROUNDS = 20  # rounds per session kept in memory; older ones are voted on from the database
 MAX_COMMENT_CHARS = 2000
@@ -231,6 +234,25 @@ async def give_up_rounds(state: AppState, session: LabSession, backends: Sequenc
     problem = await _stored(store, lambda s: s.give_up_blind_rounds(session.person, ids, UNRATED_SHOWN_BEFORE_VOTE))
     given_up = Notice("blind_given_up", {"rounds": len(ids)})
     return given_up if problem is None or problem.key == "saved_later" else problem
+
+
+async def close_class_rounds(state: AppState, user: str | None) -> Notice:
+    """A teacher (with login off: the one local user) closes every blind round of the deployment that
+    waits for its vote, e.g. after a rehearsal: it holds nobody any more, its person's views and
+    replies go on, and a vote on it is kept but not rated (store.records.UNRATED_CLOSED_BY_TEACHER)."""
+    if not state.auth.is_teacher(user):
+        return Notice("close_rounds_teachers_only")
+    store = await state.storage()
+    if store is None:
+        return Notice("close_rounds_no_store")
+    try:
+        closed = await store.close_open_blind_rounds()
+    except StoreError as error:
+        log.warning("closing the open blind rounds failed: %s", error)
+        return Notice("close_rounds_failed")
+    state.disclosures.closed(closed)
+    rounds = sum(len(ids) for ids in closed.values())
+    return Notice("rounds_closed", {"rounds": rounds, "people": len(closed)}) if rounds else Notice("no_rounds_open")
 
 
 # ---------------------------------------------------------------- votes

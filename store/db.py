@@ -35,7 +35,7 @@ from store.errors import (ConfigurationError, DatabaseUnavailable, RoundNotFound
                           SchemaTooNew, StoreError, VoteLimitReached, VoteRejected)
 from store.faults import Fault, classify, clean, first_line, transient_reason
 from store.outbox import Outbox, Refused, Unavailable, outbox_for
-from store.records import (UNRATED_REASONS, ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply,
+from store.records import (UNRATED_CLOSED_BY_TEACHER, UNRATED_REASONS, ColumnReply, CompareRound, ReplySpeed, RoundColumn, StoredReply,
                            StoredSweep, Vote, VoteRecord, check_vote, utc_now)
 from store.urls import database_url, mask_password, normalise_url
 
@@ -585,6 +585,26 @@ class Store:
                    for round_id in sorted(set(round_ids))]
         if changes:
             await self._write(changes + [notify_blind(person)])
+
+    async def close_open_blind_rounds(self) -> dict[str, list[str]]:
+        """A teacher closes every blind round of the deployment that waits for its vote, whatever its
+        age: none holds its person or the class any more, and a later vote on one is kept but not
+        rated (UNRATED_CLOSED_BY_TEACHER). Returns the closed rounds' ids by person. Written at once
+        (a teacher waits for the answer): with the database unavailable it raises."""
+        rounds = schema.compare_rounds
+        query = (select(rounds.c.id, rounds.c.person)
+                 .where(rounds.c.mode == "blind", rounds.c.not_blind_reason.is_(None), ~_has_any_vote(rounds.c.id))
+                 .order_by(rounds.c.created_at, rounds.c.id))
+        async with self._transaction() as connection:
+            rows = (await connection.execute(query)).all()
+            closed: dict[str, list[str]] = {}
+            for row in rows:
+                closed.setdefault(row.person or "", []).append(row.id)
+            statements = [update_rows("compare_rounds", {"id": row.id}, {"not_blind_reason": UNRATED_CLOSED_BY_TEACHER})
+                          for row in rows]
+            statements += [notify_blind(person) for person in closed if person]
+            await run_statements(connection, statements)
+        return closed
 
     # --- votes -----------------------------------------------------------
 

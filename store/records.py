@@ -24,7 +24,9 @@ UNRATED_COMMENT_NAMES_BACKEND = "comment_names_backend"
 # Its voter chose, before voting, to see something that could tell which column is which backend (a
 # reply from one of its backends, the engine panel, /status...: core/disclosure.py): not blind any more.
 UNRATED_SHOWN_BEFORE_VOTE = "shown_before_vote"
-UNRATED_REASONS = (UNRATED_COMMENT_NAMES_BACKEND, UNRATED_SHOWN_BEFORE_VOTE)
+# A teacher closed the class's open blind rounds (e.g. after a rehearsal): they hold nobody any more.
+UNRATED_CLOSED_BY_TEACHER = "closed_by_teacher"
+UNRATED_REASONS = (UNRATED_COMMENT_NAMES_BACKEND, UNRATED_SHOWN_BEFORE_VOTE, UNRATED_CLOSED_BY_TEACHER)
 
 
 def utc_now() -> datetime:

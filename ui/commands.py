@@ -1,6 +1,7 @@
 """What a message or a button asks for: a reply (single or round), or a report.
 
-`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status`, `/prompt` and `/trace` are
+`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status`, `/prompt`, `/trace` and
+`/close_rounds` (a teacher closes the class's open blind rounds) are
 Chainlit commands (picked from the composer) and also work typed as text; `/leaderboard` takes a
 filter ("/leaderboard category=code lang=zh"), `/trace` "notext" (the class's trace without texts). A message in compare or blind mode starts a round;
 otherwise the session's backend answers. Each asks the person's blind rule first (core.disclosure):
@@ -21,9 +22,10 @@ from ui import engines_view, reports_view as reports, rounds_view, session_memor
 from ui.chat_history import history_written
 from core.texts import text
 
-COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt", "trace")
+COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt", "trace", "close_rounds")
 COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat", "engines": "gauge",
-                 "bench": "timer", "status": "activity", "prompt": "shuffle", "trace": "download"}
+                 "bench": "timer", "status": "activity", "prompt": "shuffle", "trace": "download",
+                 "close_rounds": "lock-open"}
 TAKES_ARGUMENTS = ("leaderboard", "trace")
 
 
@@ -107,6 +109,8 @@ async def run_command(name: str, arguments: str = "") -> None:
         await session.show_status()
     elif name == "trace":
         await engines_view.export_trace(arguments)
+    elif name == "close_rounds":
+        await rounds_view.close_class_rounds()
 
 
 async def retry() -> None:

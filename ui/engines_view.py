@@ -78,6 +78,10 @@ def chosen_backends() -> list[str]:
     return list(settings.compare_backends) if settings.mode != "chat" else [settings.backend]
 
 
+def close_rounds_action(lang_code: str) -> cl.Action:
+    return cl.Action(name="close_rounds", payload={}, label=text("action_close_rounds", lang_code), icon="lock-open")
+
+
 def _may_load(identifier: str | None) -> bool:
     return app_state().auth.is_teacher(identifier)
 
@@ -91,8 +95,11 @@ async def _panel_refusal() -> str | None:
 async def open_panel() -> None:
     """Show the engines of this chat's backend(s), refreshed every second."""
     lang_code = lang()
-    if (refusal := await _panel_refusal()) is not None:
-        await say(refusal)
+    refusal = await live_load_refusal(app_state(), session_settings().mode, current_user(), rule=await current_rule())
+    if refusal is not None:
+        # The class's open rounds hold it: whoever may close them gets the button beside the reason.
+        closing = refusal.key == "panel_class_blind" and _may_load(current_user())
+        await say(refusal.render(lang_code), actions=[close_rounds_action(lang_code)] if closing else [])
         return
     old = _panel()
     if old is not None and old.task is not None:

@@ -14,7 +14,7 @@ import chainlit as cl
 
 from core.disclosure import Wait
 from core.notices import Notice
-from core.round_flow import Round, cast_vote, play
+from core.round_flow import Round, cast_vote, close_class_rounds as close_rounds, play
 from core.texts import text
 from ui.session_view import (APP_AUTHOR, MetricsElement, app_state, current_rule, current_user, lab, lang,
                              refresh_backend_list, retry_action, say, show_reply_wait)
@@ -87,3 +87,9 @@ async def vote(payload: Any) -> dict:
                              elements=[MetricsElement(name="Metrics", props=result.props, display="inline")]).send()
     await say(result.message)
     return {"ok": result.ok, "message": result.message}
+
+
+async def close_class_rounds() -> None:
+    """/close_rounds: a teacher closes every blind round of the class that waits for its vote."""
+    notice = await close_rounds(app_state(), current_user())
+    await say(notice.render(lang()))
