@@ -23,6 +23,7 @@ LANGS = ("en", "zh")
 TEXTS: dict[str, dict[str, str]] = {
     "en": {
         "holds_people": "up to {n} people at once keep {slo} for {p:g}% of replies",
+        "holds_person": "only 1 person at a time keeps {slo} for {p:g}% of replies",
         "holds_rate": "up to {n} requests/s (about {people} people at once) keep {slo} for {p:g}% of replies",
         "holds_none": "even at {level}, fewer than {p:g}% of replies keep {slo}",
         "person": "1 person at once", "people": "{n} people at once", "rate": "{n} requests/s",
@@ -34,7 +35,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "limit_queue": "the limit is the queue (requests wait for a place in the batch)",
         "limit_one_at_a_time": "the limit is the queue: it answers one request at a time",
         "limit_compute": "the limit is {device} compute (every request runs, each more slowly)",
-        "ttft": "TTFT under {v:g} ms", "tpot": "at least {v:.0f} tokens/s each", "e2el": "whole replies within {v:g} s",
+        "ttft": "TTFT under {v}", "tpot": "at least {v:.0f} tokens/s each", "e2el": "whole replies within {v:g} s",
         "and": " and ",
         "title": "# Capacity: how many people can each engine serve?",
         "answer": "## The answer",
@@ -47,6 +48,7 @@ TEXTS: dict[str, dict[str, str]] = {
     },
     "zh": {
         "holds_people": "最多 {n} 人同时使用时，{p:g}% 的回复能做到{slo}",
+        "holds_person": "只有 1 人使用时，{p:g}% 的回复能做到{slo}",
         "holds_rate": "每秒最多 {n} 个请求（约 {people} 人同时使用）时，{p:g}% 的回复能做到{slo}",
         "holds_none": "即使只有{level}，也不到 {p:g}% 的回复能做到{slo}",
         "person": " 1 人同时使用", "people": " {n} 人同时使用", "rate": "每秒 {n} 个请求",
@@ -58,7 +60,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "limit_queue": "瓶颈是排队（请求等待进入批次）",
         "limit_one_at_a_time": "瓶颈是排队：它一次只回答一个请求",
         "limit_compute": "瓶颈是 {device} 算力（所有请求都在运行，但每个都变慢）",
-        "ttft": "首字时间低于 {v:g} ms", "tpot": "每人每秒至少 {v:.0f} 个 token", "e2el": "整条回复在 {v:g} 秒内完成",
+        "ttft": "首字时间低于 {v}", "tpot": "每人每秒至少 {v:.0f} 个 token", "e2el": "整条回复在 {v:g} 秒内完成",
         "and": "、",
         "title": "# 容量：每个引擎能同时服务多少人？",
         "answer": "## 结论",
@@ -80,7 +82,7 @@ def slo_phrase(slo: Slo, lang: str = "en") -> str:
     """'TTFT under 500 ms and at least 20 tokens/s each' in the person's language."""
     parts = []
     if slo.ttft_ms is not None:
-        parts.append(_t(lang, "ttft", v=slo.ttft_ms))
+        parts.append(_t(lang, "ttft", v=_duration(slo.ttft_ms)))
     if slo.tpot_ms is not None:
         parts.append(_t(lang, "tpot", v=slo.min_tokens_per_s))
     if slo.e2el_ms is not None:
@@ -90,6 +92,11 @@ def slo_phrase(slo: Slo, lang: str = "en") -> str:
 
 def _n(value: float) -> str:
     return f"{value:g}"
+
+
+def _duration(ms: float) -> str:
+    """500 -> '500 ms', 3000 -> '3 s', 2500 -> '2.5 s'."""
+    return f"{ms / 1000:g} s" if ms >= 1000 else f"{ms:g} ms"
 
 
 def plain_answer(label: str, mode: Mode, answer: Capacity, slo: Slo, hardware: str, lang: str = "en") -> str:
@@ -103,7 +110,8 @@ def plain_answer(label: str, mode: Mode, answer: Capacity, slo: Slo, hardware: s
             level = _t(lang, "person") if answer.first_miss == 1 else _t(lang, "people", n=_n(answer.first_miss))
         holds = _t(lang, "holds_none", level=level, slo=slo_text, p=slo.percentile)
     elif mode == "concurrency":
-        holds = _t(lang, "holds_people", n=_n(answer.holds_up_to), slo=slo_text, p=slo.percentile)
+        key = "holds_person" if answer.holds_up_to == 1 else "holds_people"
+        holds = _t(lang, key, n=_n(answer.holds_up_to), slo=slo_text, p=slo.percentile)
     else:
         people = "–" if answer.people_at_rate is None else f"{answer.people_at_rate:.1f}"
         holds = _t(lang, "holds_rate", n=_n(answer.holds_up_to), people=people, slo=slo_text, p=slo.percentile)
