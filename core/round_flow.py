@@ -34,7 +34,7 @@ from core.rounds import (Column, RevealPace, RoundRun, RoundSettings, RoundSetti
                          random_run_sequence, round_props, run_order_for)
 from core.session_state import LabSession
 from store import CompareRound, RoundColumn, SavedLater, Store, StoreError, Vote, names_in_comment
-from store.records import UNRATED_COMMENT_NAMES_BACKEND, UNRATED_SHOWN_BEFORE_VOTE, utc_now
+from store.records import UNRATED_CLOSED_BY_TEACHER, UNRATED_COMMENT_NAMES_BACKEND, UNRATED_SHOWN_BEFORE_VOTE, utc_now
 from vocabulary import VOTE_OUTCOMES
 
 log = logging.getLogger(__name__)
@@ -334,7 +334,7 @@ async def cast_vote(state: AppState, session: LabSession, payload: Any, *, threa
         await store.cast_vote(ballot, votes_per_day=state.auth.vote_cap)
     except StoreError as error:
         return refused(str(error))
-    shown_before = blind and not named and await _given_up(store, ballot.round_id)
+    shown_before = await _given_up(store, ballot.round_id) if blind and not named else None
     vote = {"outcome": ballot.outcome, "winner": ballot.winner_label, "judgements": ballot.judgements}
     session.disclosure.reveal(ballot.round_id)
     if live is not None:
@@ -345,13 +345,14 @@ async def cast_vote(state: AppState, session: LabSession, payload: Any, *, threa
     return VoteResult(True, _recorded(props, named, lang, shown_before=shown_before), props, in_memory=live is not None)
 
 
-async def _given_up(store: Store, round_id: str) -> bool:
-    """Whether the round was given up as blind before its vote (the store then kept the vote unrated)."""
+async def _given_up(store: Store, round_id: str) -> str | None:
+    """Why the round stopped being blind before its vote (its person gave it up, or a teacher closed
+    it: the store then kept the vote unrated), or None."""
     try:
         stored = await store.get_round(round_id)
     except StoreError:
-        return False  # the vote is kept as the store decided; only this message cannot say it
-    return stored is not None and stored.not_blind_reason == UNRATED_SHOWN_BEFORE_VOTE
+        return None  # the vote is kept as the store decided; only this message cannot say it
+    return stored.not_blind_reason if stored is not None else None
 
 
 def _set_apart_if_named(state: AppState, ballot: Vote, names: list[str],
@@ -365,7 +366,7 @@ def _set_apart_if_named(state: AppState, ballot: Vote, names: list[str],
     return replace(ballot, unrated_reason=UNRATED_COMMENT_NAMES_BACKEND), named
 
 
-def _recorded(props: Mapping[str, Any], named: tuple[str, ...], lang: str, *, shown_before: bool = False) -> str:
+def _recorded(props: Mapping[str, Any], named: tuple[str, ...], lang: str, *, shown_before: str | None = None) -> str:
     """Name every column of the revealed round, and say so when the vote is kept but not rated
     because its comment named a backend, or its person chose to see what could name them first."""
     names = ", ".join(f"**{c['label']}** = {c.get('backend') or '?'}" + (f" (`{c['model']}`)" if c.get("model") else "")
@@ -373,6 +374,8 @@ def _recorded(props: Mapping[str, Any], named: tuple[str, ...], lang: str, *, sh
     message = Notice("vote_recorded", {"names": names}).render(lang)
     if named:
         message += " " + Notice("vote_not_rated", {"names": ", ".join(named)}).render(lang)
+    elif shown_before == UNRATED_CLOSED_BY_TEACHER:
+        message += " " + Notice("vote_not_rated_closed").render(lang)
     elif shown_before:
         message += " " + Notice("vote_not_rated_shown").render(lang)
     return message

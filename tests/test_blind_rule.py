@@ -18,14 +18,14 @@ from core.figures import live_props
 from core.ratings.battles import Battle, PromptCatalogue, Side, battle_from_json, battle_to_json, battles_from_votes
 from core.ratings.controlled import covariate_matrix
 from core.replies import ReplyPlan, answer
-from core.round_flow import cast_vote, give_up_rounds, play
+from core.round_flow import cast_vote, close_class_rounds, give_up_rounds, play
 from core.rounds import RoundRun, random_run_sequence
 from core.session_state import LabSession
 from core.settings import SessionSettings
 from core.streaming import consume
 from core.timing import LiveFigures
 from store import StoreError
-from store.records import UNRATED_SHOWN_BEFORE_VOTE
+from store.records import UNRATED_CLOSED_BY_TEACHER, UNRATED_SHOWN_BEFORE_VOTE
 from tests.fakes import FakeBackend, FakeReply, fake_state
 from ui.browser_id import COOKIE, BrowserId, browser_id
 from tests.virtual_time import run_in_virtual_time
@@ -370,6 +370,49 @@ async def test_insisting_gives_the_round_up_on_every_replica_and_its_vote_is_kep
         assert record.vote.unrated_reason == UNRATED_SHOWN_BEFORE_VOTE and not record.rated
     finally:
         await close(state)
+
+
+async def test_a_teacher_closes_every_open_round_of_the_class_a_student_cannot_and_a_late_vote_is_not_rated(tmp_path):
+    left, right = pair(words=4, replies=6)
+    state = sqlite_state(tmp_path, left, right)
+    state.auth = replace(state.auth, users={"alice": "x", "bob": "x", "teacher": "x"}, teachers=frozenset({"teacher"}))
+    try:
+        alice, bob = session_of(state, "user:alice"), session_of(state, "user:bob")
+        first = await play(state, alice, "hello", Display(), thread_id="t1", user="alice", lang="en")
+        await play(state, bob, "hello", Display(), thread_id="t2", user="bob", lang="en")
+        voted = await play(state, bob, "again", Display(), thread_id="t2", user="bob", lang="en")
+        assert voted is None  # bob's second round waits for his first one's vote: vote on it instead
+        assert await state.disclosures.deployment_open()
+        assert (await close_class_rounds(state, "bob")).key == "close_rounds_teachers_only"
+        store = await state.storage()
+        assert len(await store.waiting_blind_rounds("user:alice")) == 1  # control: nothing closed by bob
+
+        notice = await close_class_rounds(state, "teacher")
+        assert notice.key == "rounds_closed" and notice.values == {"rounds": 2, "people": 2}
+        assert alice.disclosure.refusal("engines") is None and bob.disclosure.refusal("engines") is None
+        assert not await state.disclosures.deployment_open()
+        assert (await store.get_round(first.round_id)).not_blind_reason == UNRATED_CLOSED_BY_TEACHER
+        result = await cast_vote(state, alice, {"round_id": first.round_id, "outcome": "win", "winner": "A"},
+                                 thread_id="t1", user="alice", lang="en")
+        assert result.ok and "kept but not rated" in result.message
+        (record,) = await store.votes()
+        assert record.vote.unrated_reason == UNRATED_CLOSED_BY_TEACHER and not record.rated
+        assert (await close_class_rounds(state, "teacher")).key == "no_rounds_open"
+    finally:
+        await close(state)
+
+
+async def test_without_login_the_one_person_may_close_the_rounds_and_a_round_holds_ten_minutes():
+    from core.app_state import AppState
+
+    state = AppState.from_env({"BACKENDS": "llama_cpp"})
+    assert not state.auth.enabled and state.blind_open_s == 600
+    left, right = pair()
+    assert (await close_class_rounds(fake_state(left, right), None)).key != "close_rounds_teachers_only"
+    with_login = AppState.from_env({"BACKENDS": "llama_cpp", "AUTH_USERS": "a:pbkdf2_sha256$1$c2FsdA==$aGFzaA==",
+                                    "CHAINLIT_AUTH_SECRET": "s" * 40})
+    assert with_login.blind_open_s == 7200
+    assert AppState.from_env({"BACKENDS": "llama_cpp", "BLIND_OPEN_S": "60"}).blind_open_s == 60
 
 
 async def test_sequential_rounds_run_their_columns_in_a_random_order_not_a_b_c():
