@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_lab(lab)
 
+    (folder / "teacher.json").write_text(json.dumps({"page_s": teacher.page_s, "engines_s": teacher.engines_s,
+                                                     "failures": teacher.failures}))
     students = [f"student{n:02d}" for n in range(1, args.students + 1)]
     label_of = {config.name: config.label for config in backend_configs({"BACKENDS": lines["LAB_BACKENDS"]})}
     by_user = {vote.user_identifier: vote for vote in stored}
