@@ -53,7 +53,10 @@ else:
     HISTORY = True
 
 if HISTORY:
-    from ui.chat_history import chainlit_data_layer, flush_history
+    from ui.chat_history import chainlit_data_layer, flush_history, owned_routes
+
+    # Feedback is written only on a message of the person's own chats (the ids come from the browser).
+    owned_routes()
 
     @cl.data_layer
     def data_layer():

@@ -13,7 +13,8 @@ transaction that writes it, against the row as it is then:
   metadata is merged key by key (Chainlit's rule: a key set to None is removed);
 - the owner is taken from the change's user id, or, when only the person's identifier was known
   (a login during an outage), looked up by identifier when the change is written, and only set
-  where the thread has none.
+  where the thread has none;
+- a thread another person owns than the one whose session writes the change is left as it is.
 
 Nothing here imports Chainlit (ui/chat_history.py makes the changes).
 """
@@ -35,12 +36,13 @@ log = logging.getLogger(__name__)
 
 def thread_change(thread_id: str, *, created_at: str, name: str | None = None, user_id: str | None = None,
                   user_identifier: str | None = None, metadata: dict[str, Any] | None = None,
-                  tags: list[str] | None = None) -> dict[str, Any]:
+                  tags: list[str] | None = None, writer: str | None = None) -> dict[str, Any]:
     """One change of a thread, as JSON data (what the outbox keeps). `metadata` follows Chainlit:
-    keys with None are removed, the others set; `user_identifier` is used only without `user_id`."""
+    keys with None are removed, the others set; `user_identifier` is used only without `user_id`.
+    `writer`, the person whose session makes the change: a thread another person owns is left as it is."""
     metadata = metadata or {}
     return clean({
-        "id": thread_id, "created_at": created_at, "name": name, "user_id": user_id,
+        "id": thread_id, "created_at": created_at, "name": name, "user_id": user_id, "writer": writer,
         "user_identifier": None if user_id else user_identifier,
         "metadata_set": {key: value for key, value in metadata.items() if value is not None},
         "metadata_delete": sorted(key for key, value in metadata.items() if value is None),
@@ -64,10 +66,15 @@ async def apply_thread_change(connection: AsyncConnection, change: dict[str, Any
 
 async def _apply_once(connection: AsyncConnection, change: dict[str, Any]) -> bool:
     threads = schema.threads
-    query = select(threads.c.userId, threads.c.metadata).where(threads.c.id == change["id"])
+    query = select(threads.c.userId, threads.c.userIdentifier, threads.c.metadata).where(threads.c.id == change["id"])
     if connection.dialect.name == "postgresql":
         query = query.with_for_update()
     row = (await connection.execute(query)).first()
+    writer = change.get("writer")
+    if row is not None and writer and row.userIdentifier not in (None, writer):
+        log.warning("chat history: a change of thread %s by another person than its owner was not written",
+                    change["id"])
+        return True
     owner = await _owner(connection, change, has_owner=row is not None and row.userId is not None)
     base = dict(row.metadata or {}) if row is not None and isinstance(row.metadata, dict) else {}
     metadata_changed = bool(change.get("metadata_set") or change.get("metadata_delete"))

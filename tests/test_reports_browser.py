@@ -156,7 +156,7 @@ def test_login_keeps_each_persons_history_to_themselves_and_a_chat_resumes(chrom
     bob = chromium.new_context(locale="en-US", viewport={"width": 1400, "height": 1000}).new_page()
     try:
         log_in(alice, login_app, "alice", "wrong password")
-        expect(alice.get_by_role("alert")).to_contain_text("Unable to sign in", timeout=30_000)
+        expect(alice.get_by_role("alert")).to_contain_text("Wrong user name or password", timeout=30_000)
         log_in(alice, login_app, "alice", PASSWORDS["alice"])
         wait_ready(alice)
         ask(alice, "alice secret plan")

@@ -548,7 +548,7 @@ async def test_chainlit_history_on_the_same_database(store, db_url, monkeypatch,
     monkeypatch.setattr(chainlit.data, "_data_layer", layer)
     monkeypatch.setattr(chainlit.data, "_data_layer_initialized", True)
     thread_id, user_step_id, reply_step_id = new_id(), new_id(), new_id()
-    init_http_context(thread_id=thread_id)
+    init_http_context(thread_id=thread_id, user=User(identifier="alice"))  # alice's own writes
     try:
         alice = await layer.create_user(User(identifier="alice", metadata={"role": "tester"}))
         bob = await layer.create_user(User(identifier="bob"))

@@ -521,13 +521,14 @@ async def test_threads_kept_during_an_outage_keep_their_owner_and_never_overwrit
         created_before = await connection.scalar(text('SELECT "createdAt" FROM threads WHERE id = :id'),
                                                  {"id": existing})
     own_postgres.stop()
-    as_session_of("bob")  # logged in during the outage: Chainlit could not read bob's user row
-    for _ in range(3):  # every request of bob's asks for his user row
-        assert await layer.create_user(User(identifier="bob")) is None
+    as_session_of("alice")  # her chat: a thread is changed only by its owner's session
     # A step written to the existing chat (Chainlit's create_step) changes nothing of a thread this
     # process has written: nothing waits for it.
     await layer.update_thread(existing)
     await layer.update_thread(existing, metadata={"added": 2})
+    as_session_of("bob")  # logged in during the outage: Chainlit could not read bob's user row
+    for _ in range(3):  # every request of bob's asks for his user row
+        assert await layer.create_user(User(identifier="bob")) is None
     fresh = new_id()
     await layer.update_thread(fresh)  # bob's first message makes the thread...
     await layer.update_thread(fresh, name="Bob's chat")  # ...and names it, with no user id known
@@ -826,9 +827,11 @@ async def test_a_step_written_while_rows_wait_never_goes_ahead_of_its_queued_thr
     row then started the outbox waiting, and the chat's next step went to the outbox at once, ahead
     of its thread; written back in that order, the database refused the step (no such thread)."""
     store, layer, _ = postgres_store
+    layer.writes.window_s = 60  # the batch stays queued while the server stops (that takes longer than 0.1 s)
     thread = new_id()
     await layer.update_thread(thread, name="queued first")  # in the batch, not written yet
     own_postgres.stop()
+    assert layer.writes.waiting == 1
     try:
         with pytest.raises(SavedLater):  # the app's own row waits: the outbox is waiting
             await store.save_reply(reply_now(thread))

@@ -52,6 +52,7 @@ import asyncio
 import json
 import logging
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -232,7 +233,7 @@ class AppDataLayer(SQLAlchemyDataLayer):
             return None  # Chainlit asks before every step; this process has written the thread already
         change = thread_change(thread_id, created_at=await self.get_current_timestamp(), name=name, user_id=user_id,
                                user_identifier=None if user_id else _session_user_identifier(),
-                               metadata=metadata, tags=tags)
+                               metadata=metadata, tags=tags, writer=writer_identifier())
 
         async def work(connection: AsyncConnection) -> None:
             await apply_thread_change(connection, change)
@@ -287,6 +288,57 @@ class AppDataLayer(SQLAlchemyDataLayer):
                                                         "id": step["id"]})
 
     @queue_until_user_message()
+    async def create_step(self, step_dict: dict) -> None:
+        """Chainlit's, with one change (see `owned`): a step whose id is already stored in another
+        thread is not moved or changed. The id comes from the browser (a typed message's); the
+        thread is the session's own, so a message keeps the thread it was first written in."""
+        await self.update_thread(step_dict["threadId"])
+        step_dict["showInput"] = str(step_dict.get("showInput", "")).lower() if "showInput" in step_dict else None
+        parameters = {key: value for key, value in step_dict.items()
+                      if value is not None and not (isinstance(value, dict) and not value)}
+        parameters["metadata"] = json.dumps(step_dict.get("metadata", {}))
+        parameters["generation"] = json.dumps(step_dict.get("generation", {}))
+        columns = ", ".join(f'"{key}"' for key in parameters)
+        values = ", ".join(f":{key}" for key in parameters)
+        updates = ", ".join(f'"{key}" = :{key}' for key in parameters if key != "id")
+        await self.execute_sql(f'INSERT INTO steps ({columns}) VALUES ({values}) ON CONFLICT (id) DO UPDATE '
+                               f'SET {updates} WHERE steps."threadId" = EXCLUDED."threadId"', parameters)
+
+    async def upsert_feedback(self, feedback) -> str:
+        """Feedback on a message of the writer's own threads only (see `owned`): its thread is the
+        message's, not what the browser said; an id already used for another message is not changed."""
+        feedback.id = feedback.id or str(uuid.uuid4())
+        writer = writer_identifier()
+        if not await self._may_write_for(feedback.forId, writer):
+            raise NotYours("feedback")
+        parameters = {"id": feedback.id, "forId": feedback.forId, "value": int(feedback.value),
+                      "comment": feedback.comment, "writer": writer}
+        await self.execute_sql(
+            'INSERT INTO feedbacks ("id", "forId", "threadId", "value", "comment") '
+            'SELECT :id, :forId, s."threadId", CAST(:value AS INTEGER), :comment FROM steps s '
+            f'JOIN threads t ON t."id" = s."threadId" WHERE s."id" = :forId AND {_OWNED_BY_WRITER} '
+            'ON CONFLICT ("id") DO UPDATE SET "value" = EXCLUDED."value", "comment" = EXCLUDED."comment" '
+            'WHERE feedbacks."forId" = EXCLUDED."forId"', parameters)
+        return feedback.id
+
+    async def delete_feedback(self, feedback_id: str) -> bool:
+        """Deletes a feedback only where it is on a message of the writer's own threads."""
+        await self.execute_sql(
+            'DELETE FROM feedbacks WHERE "id" = :feedback_id AND "forId" IN (SELECT s."id" FROM steps s '
+            f'JOIN threads t ON t."id" = s."threadId" WHERE {_OWNED_BY_WRITER})',
+            {"feedback_id": feedback_id, "writer": writer_identifier()})
+        return True
+
+    async def _may_write_for(self, step_id: str, writer: str | None) -> bool:
+        """Whether the message `step_id` is stored in one of `writer`'s threads. A read the database
+        cannot answer now says yes: the write waits in the outbox, and its own condition decides."""
+        rows = await self.execute_sql('SELECT t."userIdentifier" AS owner FROM steps s JOIN threads t '
+                                      'ON t."id" = s."threadId" WHERE s."id" = :id', {"id": step_id})
+        if not isinstance(rows, list) or not rows:
+            return rows is None  # a read that could not be made: the write's own condition decides
+        return all(row.get("owner") == writer for row in rows)
+
+    @queue_until_user_message()
     async def create_element(self, element) -> None:
         if element.type != "custom" or self.storage_provider is not None:
             return await super().create_element(element)
@@ -299,8 +351,8 @@ class AppDataLayer(SQLAlchemyDataLayer):
         placeholders = ", ".join(f":{column}" for column in row)
         updates = ", ".join(f'"{column}" = :{column}' for column in row if column != "id")
         await self.execute_sql(
-            f"INSERT INTO elements ({columns}) VALUES ({placeholders}) ON CONFLICT (id) DO UPDATE SET {updates};",
-            row)
+            f"INSERT INTO elements ({columns}) VALUES ({placeholders}) ON CONFLICT (id) DO UPDATE SET {updates} "
+            'WHERE elements."threadId" = EXCLUDED."threadId"', row)
 
 
 @dataclass(frozen=True)
@@ -453,6 +505,68 @@ class _DropMessage(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.fragment not in record.getMessage()
+
+
+class NotYours(PermissionError):
+    """A write that names another person's message (its id came from the browser)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"that message is not in one of your chats: the {what} was not saved")
+
+
+# Who writes through a REST route (`owned_routes`); a socket's writes are its session's person's.
+_route_writer: ContextVar[str | None] = ContextVar("serving_lab_route_writer", default=None)
+# A row owned by the writer: their thread, or with login off (no writer) a thread with no owner.
+_OWNED_BY_WRITER = ('(t."userIdentifier" = CAST(:writer AS TEXT) '
+                    'OR (CAST(:writer AS TEXT) IS NULL AND t."userIdentifier" IS NULL))')
+
+
+def writer_identifier() -> str | None:
+    """The person a write is made for: the REST route's login, else the socket session's (None: login off)."""
+    return _route_writer.get() or _session_user_identifier()
+
+
+def owned_routes() -> None:
+    """Put Chainlit's feedback routes behind the writer's login: `PUT /feedback` and `DELETE /feedback`
+    then write only for messages of the person's own threads (403 otherwise), on every database."""
+    from chainlit.auth import get_current_user
+    from chainlit.config import config
+    from chainlit.server import app, delete_feedback, update_feedback
+    from chainlit.types import DeleteFeedbackRequest, UpdateFeedbackRequest
+    from fastapi import Depends, HTTPException, Request
+    from fastapi.routing import APIRoute
+
+    def as_writer(user) -> object:
+        return _route_writer.set(getattr(user, "identifier", None))
+
+    async def put(request: Request, update: UpdateFeedbackRequest, current_user=Depends(get_current_user)):
+        token = as_writer(current_user)
+        try:
+            return await update_feedback(request, update, current_user)
+        except HTTPException as error:
+            if "not in one of your chats" in str(error.detail):
+                raise HTTPException(status_code=403, detail=error.detail) from None
+            raise
+        finally:
+            _route_writer.reset(token)
+
+    async def delete(request: Request, payload: DeleteFeedbackRequest, current_user=Depends(get_current_user)):
+        token = as_writer(current_user)
+        try:
+            return await delete_feedback(request, payload, current_user)
+        finally:
+            _route_writer.reset(token)
+
+    # This module's annotations are strings (`from __future__ import annotations`): FastAPI reads these.
+    put.__annotations__ = {"request": Request, "update": UpdateFeedbackRequest}
+    delete.__annotations__ = {"request": Request, "payload": DeleteFeedbackRequest}
+    path = f"{config.run.root_path}/feedback"
+    routes = app.router.routes
+    routes[:] = [route for route in routes if not getattr(route, "serving_lab_owned", False)]
+    for endpoint, method in ((put, "PUT"), (delete, "DELETE")):
+        route = APIRoute(path, endpoint, methods=[method])
+        route.serving_lab_owned = True
+        routes.insert(0, route)
 
 
 def _session_user_identifier() -> str | None:
