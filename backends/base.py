@@ -16,6 +16,7 @@ Backends know nothing about Chainlit or timing.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, AsyncIterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -71,6 +72,11 @@ class GenerationParams:
 
 
 # Names a person reads, for notes such as "top-k not supported by this engine: ignored".
+# Whose request a backend serves (a login, a browser, a session: core.disclosure.person_key), where
+# the engine queues in this process: the embedded engine serves people in turn, not first come.
+# Set by the chat for its reply's task (tasks it starts inherit it); None: nobody in particular.
+on_behalf_of: ContextVar[str | None] = ContextVar("serving_lab_on_behalf_of", default=None)
+
 SETTING_LABELS = {
     "temperature": "temperature",
     "top_p": "top-p",

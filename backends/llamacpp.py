@@ -9,7 +9,10 @@
   teams fighting over the cores (measured: decode fell from ~110 to ~30
   tokens/s on 2 cores after the first request).
 - One `Llama` object cannot run two generations at once, so requests wait in
-  a FIFO queue and the stream reports their place (`queue_position`).
+  a queue and the stream reports their place (`queue_position`). The queue
+  serves people in turn (`base.on_behalf_of`), not first come: a person's n-th
+  request waiting goes after everyone else's earlier ones, so one student's
+  flood puts at most one reply of theirs ahead of anyone else's.
 - Tokens are generated one at a time with `Llama.generate`, so every chunk
   carries exactly one token (its text may be empty while a multi-byte UTF-8
   character is incomplete; an incremental decoder never splits a character).
@@ -38,9 +41,8 @@ import json
 import os
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Sequence
 
@@ -52,6 +54,7 @@ from backends.base import (
     ServerFigures,
     StreamChunk,
     StreamLimits,
+    on_behalf_of,
 )
 from backends.engine_metrics import LLAMACPP_SOURCE, EngineSnapshot
 from backends.errors import BackendUnavailable, GenerationFailed, InputRejected
@@ -97,8 +100,61 @@ class ModelStatus:
     error: str | None = None
 
 
+@dataclass(eq=False)
+class Ticket:
+    """One request's place in a model's queue: set whenever the queue moves."""
+
+    person: str | None
+    round: int  # which turn of its person's it is (see `TurnQueue`)
+    seq: int
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class TurnQueue:
+    """Requests served in turns by person: each person's requests get consecutive rounds from the
+    round being served now, and the queue runs round by round, first come within a round.
+    The request generating is always first; a request of nobody in particular is its own person."""
+
+    def __init__(self) -> None:
+        self._tickets: list[Ticket] = []
+        self._seq = 0
+        self._round_now = 0
+
+    def __len__(self) -> int:
+        return len(self._tickets)
+
+    def join(self, person: str | None) -> Ticket:
+        self._seq += 1
+        rounds = [ticket.round for ticket in self._tickets if person is not None and ticket.person == person]
+        ticket = Ticket(person, max([self._round_now, *(r + 1 for r in rounds)]), self._seq)
+        head, waiting = self._tickets[:1], self._tickets[1:]
+        self._tickets = head + sorted([*waiting, ticket], key=lambda t: (t.round, t.seq))
+        return ticket
+
+    def position(self, ticket: Ticket) -> int:
+        """0 = its turn (generating); n = n requests ahead."""
+        position = self._tickets.index(ticket)
+        if position == 0:
+            self._round_now = max(self._round_now, ticket.round)
+        return position
+
+    def leave(self, ticket: Ticket) -> None:
+        if ticket in self._tickets:
+            self._tickets.remove(ticket)
+            for waiting in self._tickets:
+                waiting.moved.set()
+
+    def waiting_by_person(self) -> dict[str, int]:
+        """Requests in the queue (generating included) per person, for the teacher's engine panel."""
+        counts: dict[str, int] = {}
+        for ticket in self._tickets:
+            key = ticket.person or "?"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+
 class SharedModel:
-    """One loaded `Llama` plus the FIFO queue that serialises its generations."""
+    """One loaded `Llama` plus the queue (`TurnQueue`) that serialises its generations."""
 
     def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
         self.path = path
@@ -112,7 +168,7 @@ class SharedModel:
         self._state = "not loaded"
         self._load_s: float | None = None
         self._error: str | None = None
-        self._queue: deque[asyncio.Event] = deque()
+        self._queue = TurnQueue()
         # Written by the generation worker (one at a time), read by engine snapshots.
         self.generated_tokens_total = 0
         self.context_used_tokens = 0
@@ -163,21 +219,19 @@ class SharedModel:
 
     # Queue --------------------------------------------------------------------
 
-    def enqueue(self) -> asyncio.Event:
-        """Join the queue; the returned event is set whenever the queue moves."""
-        ticket = asyncio.Event()
-        self._queue.append(ticket)
-        return ticket
+    def enqueue(self, person: str | None = None) -> Ticket:
+        """Join the queue in `person`'s next turn; the ticket's event is set whenever the queue moves."""
+        return self._queue.join(person)
 
-    def position(self, ticket: asyncio.Event) -> int:
+    def position(self, ticket: Ticket) -> int:
         """0 = generating now; n = n requests ahead."""
-        return self._queue.index(ticket)
+        return self._queue.position(ticket)
 
-    def leave(self, ticket: asyncio.Event) -> None:
-        if ticket in self._queue:
-            self._queue.remove(ticket)
-            for waiting in self._queue:
-                waiting.set()
+    def leave(self, ticket: Ticket) -> None:
+        self._queue.leave(ticket)
+
+    def waiting_by_person(self) -> dict[str, int]:
+        return self._queue.waiting_by_person()
 
     @property
     def waiting(self) -> int:
@@ -386,17 +440,17 @@ class LlamaCppBackend:
     async def stream(self, request: PreparedRequest) -> AsyncIterator[StreamChunk]:
         model = self.model
         params = request.params
-        ticket = model.enqueue()
+        ticket = model.enqueue(on_behalf_of.get())
         stop = threading.Event()
         worker: asyncio.Future | None = None
         try:
             position = model.position(ticket)
             while position > 0:
                 yield StreamChunk(queue_position=position)
-                ticket.clear()
-                await ticket.wait()
+                ticket.moved.clear()
+                await ticket.moved.wait()
                 position = model.position(ticket)
-            if model.waiting > 1 or ticket.is_set():
+            if model.waiting > 1 or ticket.moved.is_set():
                 yield StreamChunk(queue_position=0)
             await _hold_for_tests()
 

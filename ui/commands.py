@@ -16,6 +16,7 @@ import random
 
 import chainlit as cl
 
+from backends.base import on_behalf_of
 from core import reports as core_reports
 from core.round_flow import give_up_rounds
 from ui import engines_view, reports_view as reports, rounds_view, session_memory as memory, session_view as session
@@ -73,7 +74,9 @@ async def on_message(message: cl.Message) -> None:
 
 
 async def answer(user_text: str) -> None:
-    """A reply from the session's backend, or a round when compare or blind mode is on."""
+    """A reply from the session's backend, or a round when compare or blind mode is on, in this
+    person's turn where an engine queues in this process (backends.base.on_behalf_of)."""
+    on_behalf_of.set(session.current_person())  # this task's own context: its streams inherit it
     session.lab().user_prompts.append(user_text)
     try:
         if session.session_settings().mode == "chat":

@@ -152,6 +152,8 @@ async def _refresh(panel: Panel, *, send: bool = True) -> bool:
                                       lesson=state.cache_lesson.props() if state.cache_lesson else None,
                                       can_lesson=_lesson_pair() is not None,
                                       replay=state.class_replay.props(lang()) if state.class_replay else None)
+    if state.auth.enabled and state.auth.is_teacher(current_user()):
+        _add_queue_by_person(panel.element.props["engines"], backends)
     panel.previous = {reading.name: reading.snapshot for reading in readings if reading.snapshot is not None}
     if (refusal := await _panel_refusal()) is not None:  # it may have changed while reading
         panel.element.props = {"message": refusal, "closed": True, "engines": [], "simulation": None, "points": []}
@@ -159,6 +161,19 @@ async def _refresh(panel: Panel, *, send: bool = True) -> bool:
     if send:
         await panel.element.update()
     return True
+
+
+def _add_queue_by_person(engines: list[dict], backends: list) -> None:
+    """The teacher's row on an engine that queues in this process (the embedded one): who waits, by
+    login, as it serves them (in turn, backends/llamacpp.py). Students never see other names."""
+    for entry, backend in zip(engines, backends):
+        waiting = getattr(getattr(backend, "model", None), "waiting_by_person", None)
+        if not callable(waiting) or "rows" not in entry:
+            continue
+        counts = waiting()
+        shown = " · ".join(f"{person.removeprefix('user:') if person.startswith('user:') else '?'} {count}"
+                           for person, count in sorted(counts.items(), key=lambda item: -item[1]))
+        entry["rows"].append({"key": "people", "label": "queue by person", "value": shown or "nobody"})
 
 
 async def _refresh_loop(panel: Panel) -> None:
@@ -191,9 +206,18 @@ async def _stand_ins(names: list[str], probe: set[str] | frozenset[str] = frozen
     return stand_ins
 
 
+async def _not_a_teacher() -> dict | None:
+    """A load action's refusal for a student, before the action says anything of its own setup."""
+    if app_state().auth.is_teacher(current_user()):
+        return None
+    return await _refuse(Notice("simulate_teachers_only").render(lang()))
+
+
 async def simulate(payload: object) -> dict:
     """Start N simulated users on this chat's backend(s), in the background. Returns {"ok", "message"}."""
     state, lang_code = app_state(), lang()
+    if (refused := await _not_a_teacher()) is not None:
+        return refused
     users = payload.get("users") if isinstance(payload, dict) else None
     if users not in SIMULATION_USERS:
         return await _refuse(text("simulate_bad_users", lang_code, users=str(users)[:20],
@@ -256,6 +280,8 @@ async def capacity_sweep(_payload: object = None) -> dict:
     """Start a capacity sweep on this chat's backend (the first compared one), in the background, with
     a live chart in the engine panel; the plain answer ends it and is stored. Returns {"ok", "message"}."""
     state, lang_code = app_state(), lang()
+    if (refused := await _not_a_teacher()) is not None:
+        return refused
     name = chosen_backends()[0]
     backend = state.registry.get(name)
     try:
@@ -316,6 +342,8 @@ async def cache_lesson(_payload: object = None) -> dict:
     """The prefix-cache lesson: the class's conversations on CACHE_LESSON_BACKENDS (cache on, then off),
     side by side in the engine panel, TTFT by turn. The same load rules as a simulation."""
     state, lang_code = app_state(), lang()
+    if (refused := await _not_a_teacher()) is not None:
+        return refused
     try:
         pair = cache_lesson_backends(dict(os.environ), state.registry.names)
     except ConfigurationError as error:
@@ -399,6 +427,8 @@ async def class_fit(_payload: object = None) -> dict:
     chat's backend(s) at its real pace, then at twice the class, answered in plain words. The same load
     rules as a simulation."""
     state, lang_code = app_state(), lang()
+    if (refused := await _not_a_teacher()) is not None:
+        return refused
     names = chosen_backends()
     try:
         slo = slo_from_env()

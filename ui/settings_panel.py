@@ -12,6 +12,13 @@ from core.settings import MODES, REVEALS, RUN_ORDERS, SessionSettings, shown_val
 from core.texts import text
 
 
+# The panel's fields, by widget id: what a `chat_settings_change` may set (ui/socket_guard.py drops the rest).
+PANEL_FIELDS = frozenset({
+    "mode", "backend", "compare_backends", "run_order", "reveal", "temperature", "top_p", "max_new_tokens",
+    "top_k", "min_p", "repetition_penalty", "seed", "system_preset", "system_custom",
+})
+
+
 def settings_widgets(
     current: SessionSettings,
     defaults: ChatDefaults,

@@ -28,7 +28,8 @@ or a script puts in its fields. The guard checks the step where it arrives
 (`core.input.check_client_step`): every field Chainlit reads typed and bounded,
 the rest dropped, a text over the limit (or not text) never stored; the handler
 then says why it was refused. `edit_message` is dropped while editing is off,
-and checked the same way when it is on.
+and checked the same way when it is on. A settings change keeps only the panel's
+fields: Chainlit stores every key it gets in the session before the app sees it.
 
 Patience. engine.io closes a socket whose page has not answered its ping within
 20 s. A page answers from its main thread, and a browser drawing a big message
@@ -44,11 +45,18 @@ dropped session for its session_timeout (600 s) anyway.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
+import socketio
+
+from core.fair_share import Share, ShareLimits
 from core.input import check_client_step, check_message
+from core.texts import text
+from ui.settings_panel import PANEL_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,11 @@ MAX_SOCKET_MESSAGE = 4_000_000
 # Seconds a page may take to answer a ping (engine.io's default is 20): a browser busy drawing a
 # message of up to MAX_SOCKET_MESSAGE characters keeps its socket. 1.1 MB took 44 s under load.
 PING_TIMEOUT_S = 180
+# Seconds a chat whose socket closed keeps its reply: a page that reconnects within this long (a
+# network blip, a restarted Wi-Fi) keeps it; a closed tab's reply is cancelled, its queued work dropped.
+CLOSED_CHAT_GRACE_S = 5.0
+# This process's fair share (core.fair_share), once the socket is guarded: the engine panel shows it.
+SHARE: dict[str, Share] = {}
 
 
 def origin_allowed(origin: str | None, hosts: Sequence[str], listed: Sequence[str]) -> bool:
@@ -106,8 +119,15 @@ def guard_socket(max_message: int = MAX_SOCKET_MESSAGE, ping_timeout_s: float = 
     sio.eio.max_http_buffer_size = max_message
     sio.eio.ping_timeout = ping_timeout_s
     handlers = sio.handlers["/"]
-    handlers["client_message"] = _checked_message(handlers["client_message"])
+    share = Share(ShareLimits.from_env(os.environ))
+    SHARE["now"] = share
+    handlers["connect"] = _shared_connect(handlers["connect"], share)
+    handlers["disconnect"] = _shared_disconnect(handlers["disconnect"], share)
+    # Checked first: what is not a message never counts as a reply in flight.
+    handlers["client_message"] = _checked_message(_one_reply_at_a_time(handlers["client_message"], share))
     handlers["edit_message"] = _checked_edit(handlers["edit_message"], lambda: config.features.edit_message)
+    for event in ("chat_settings_change", "chat_settings_edit"):
+        handlers[event] = _panel_fields_only(handlers[event])
 
 
 def checked_payload(payload: Any) -> dict | None:
@@ -142,3 +162,126 @@ def _checked_edit(handler, editing_on):
         return await handler(sid, {"message": {"id": message["id"], "output": message["output"]}})
 
     return edit_message
+
+
+def panel_values(settings: Any) -> dict:
+    """What a settings change may keep in the session: the panel's own fields, nothing else."""
+    if not isinstance(settings, dict):
+        return {}
+    return {key: value for key, value in settings.items() if key in PANEL_FIELDS}
+
+
+def _panel_fields_only(handler):
+    async def settings_change(sid, settings):
+        kept = panel_values(settings)
+        if isinstance(settings, dict) and len(kept) < len(settings):
+            log.warning("a settings change named %d field(s) the panel does not have; dropped", len(settings) - len(kept))
+        return await handler(sid, kept)
+
+    return settings_change
+
+
+# A fair share (core.fair_share) ------------------------------------------------------------------
+
+def _capped_person(session) -> str | None:
+    """Whose caps a session counts against: a student's login. None with login off (nothing tells
+    people apart that a script cannot change) and for a teacher (who runs the room's demos)."""
+    user = getattr(session, "user", None)
+    identifier = getattr(user, "identifier", None)
+    if not isinstance(identifier, str) or (getattr(user, "metadata", None) or {}).get("teacher"):
+        return None
+    return identifier
+
+
+def _language(session) -> str:
+    return "zh" if str(getattr(session, "language", "") or "").lower().startswith("zh") else "en"
+
+
+def _shared_connect(handler, share: Share):
+    async def connect(sid, environ, auth):
+        from chainlit.session import WebsocketSession
+
+        accepted = await handler(sid, environ, auth)
+        session = WebsocketSession.get(sid)
+        person = _capped_person(session)
+        if session is None or person is None:
+            return accepted
+        if not share.may_open(person):
+            log.warning("a chat socket over the cap of %d per person was refused", share.limits.chats_per_person)
+            if not session.restored:
+                await session.delete()
+            # socket.io's own error: its message reaches the page (the built-in one arrives as "refused").
+            raise socketio.exceptions.ConnectionRefusedError(text("share_chats_per_person", _language(session),
+                                                                  count=share.limits.chats_per_person))
+        share.opened(person, sid)
+        return accepted
+
+    return connect
+
+
+def _shared_disconnect(handler, share: Share):
+    async def disconnect(sid, reason=None):
+        from chainlit.session import WebsocketSession
+
+        share.closed(sid)
+        session = WebsocketSession.get(sid)
+        result = await handler(sid)
+        if session is not None:
+            asyncio.get_running_loop().call_later(CLOSED_CHAT_GRACE_S, _cancel_if_closed, session, sid)
+        return result
+
+    return disconnect
+
+
+def _cancel_if_closed(session, sid: str) -> None:
+    """The chat's socket closed and did not come back: its reply (or command) in flight ends."""
+    task = _replying.get(session.id)
+    if session.socket_id == sid and task is not None and not task.done():
+        log.info("a reply whose chat was closed was cancelled")
+        task.cancel()
+
+
+_replying: dict[str, asyncio.Task] = {}  # chat (session id) -> its reply's task, while in flight
+
+
+def _one_reply_at_a_time(handler, share: Share):
+    async def client_message(sid, payload):
+        from chainlit.session import WebsocketSession
+
+        session = WebsocketSession.get(sid)
+        if session is None:
+            return await handler(sid, payload)
+        chat, person = session.id, _capped_person(session)
+        running = _replying.get(chat)
+        refusal = "share_one_reply_per_chat" if running is not None and not running.done() else None
+        if refusal is None and person is not None:
+            refusal = share.refusal(person, chat)
+        if refusal is not None:
+            await _tell(session, text(refusal, _language(session), count=share.limits.replies_per_person))
+            return None
+        result = await handler(sid, payload)
+        task = session.current_task
+        if task is not None and not task.done():
+            _replying[chat] = task
+            if person is not None:
+                share.started(person, chat)
+
+            def ended(_: asyncio.Task) -> None:
+                if _replying.get(chat) is task:
+                    del _replying[chat]
+                if person is not None:
+                    share.ended(person, chat)
+
+            task.add_done_callback(ended)
+        return result
+
+    return client_message
+
+
+async def _tell(session, content: str) -> None:
+    """A message from the app in the session's chat (outside any reply)."""
+    from chainlit.context import init_ws_context
+    from chainlit.message import Message
+
+    init_ws_context(session)
+    await Message(content=content, author="Serving Lab").send()
