@@ -20,6 +20,7 @@ from core.ratings import one_blas_thread
 one_blas_thread()  # before anything imports numpy
 
 from ui import browser_id, commands, engines_view, lab_state, live_tap, login_guard, page_headers, rounds_view  # noqa: E402
+from ui import body_limit, sign_out  # noqa: E402
 from ui import session_view as session  # noqa: E402
 from core.auth import current_config  # noqa: E402
 from ui.session_view import guarded  # noqa: E402
@@ -83,6 +84,13 @@ chainlit_server.add_middleware(browser_id.BrowserId, root_path=chainlit_config.r
 if AUTH.enabled:
     # Passwords are checked off the event loop, behind per-name and per-address limits.
     login_guard.install(AUTH)
+    # A token that logged out, or whose person a teacher signed out, works nowhere (ui/sign_out.py).
+    chainlit_server.add_middleware(sign_out.SignedOutTokens, revocations=sign_out.install(AUTH),
+                                   root_path=chainlit_config.run.root_path or "")
+# Over https every cookie the app sets is Secure (ui/page_headers.py): outside the others, it sees every cookie.
+chainlit_server.add_middleware(page_headers.SecureCookies)
+# Request bodies over LAB_MAX_BODY_MB get 413 before they are read, chunked ones included (ui/body_limit.py).
+chainlit_server.add_middleware(body_limit.BodyLimit, max_bytes=body_limit.max_body_bytes())
 
 
 # What start-up built (every import, the routes, the backends) lives as long as the process: out of

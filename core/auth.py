@@ -8,6 +8,11 @@ lists each person's own chats only, and `TEACHERS=alice` names who may start
 load simulations. Passwords are never stored: PBKDF2-SHA256 with a random
 salt, compared in constant time.
 
+A name that is not a user's is checked too, against a hash of no one's
+password with the users' iteration count (`dummy_hash`, made once per count):
+it costs the same CPU and takes the same hashing turn, so the time of an answer
+does not tell which names exist.
+
 Logging in never stalls the room: a check (0.13 s of PBKDF2 here) runs in a
 worker thread (hashlib releases the GIL, so the event loop keeps serving every
 page and stream meanwhile), at most `HASH_WORKERS` at once, in turns per client
@@ -27,7 +32,9 @@ import os
 import secrets
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache, cached_property
 from typing import Mapping
 
 from config import ConfigurationError
@@ -51,6 +58,18 @@ def hash_password(password: str, *, salt: bytes | None = None, iterations: int =
     salt = salt or secrets.token_bytes(SALT_BYTES)
     digest = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
     return f"{SCHEME}${iterations}${_b64(salt)}${_b64(digest)}"
+
+
+def iterations_of(hashed: str) -> int:
+    """The iteration count a hash was made with (`ITERATIONS` for one that does not say)."""
+    parts = hashed.split("$")
+    return int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else ITERATIONS
+
+
+@cache
+def dummy_hash(iterations: int) -> str:
+    """A hash of no one's password: checking a name that is not a user's against it costs what a user's check does."""
+    return hash_password("not a real password", salt=b"\0" * SALT_BYTES, iterations=iterations)
 
 
 def verify_password(password: str, hashed: str) -> bool:
@@ -86,11 +105,17 @@ class AuthConfig:
         """Whether `identifier` is a user's name."""
         return identifier in self.users
 
+    @cached_property
+    def _unknown_name_hash(self) -> str:
+        """The dummy hash with the iteration count most users' hashes have."""
+        counts = Counter(iterations_of(hashed) for hashed in self.users.values())
+        return dummy_hash(counts.most_common(1)[0][0] if counts else ITERATIONS)
+
     def check(self, identifier: str, password: str) -> bool:
+        """Whether `password` is `identifier`'s; a name that is not a user's is hashed all the same, then refused."""
         hashed = self.users.get(identifier)
         if hashed is None:
-            # Spend the same time as for a known user, so a wrong name is not faster than a wrong password.
-            verify_password(password, _DUMMY_HASH)
+            verify_password(password, self._unknown_name_hash)
             return False
         return verify_password(password, hashed)
 
@@ -105,7 +130,7 @@ class AuthConfig:
 
 
 _started = time.perf_counter()
-_DUMMY_HASH = hash_password("not a real password", salt=b"\0" * SALT_BYTES)
+dummy_hash(ITERATIONS)  # made once, and timed: what one check costs here
 # How long one check takes on this machine (the login limits keep it up to date from real checks).
 TYPICAL_CHECK_S = time.perf_counter() - _started
 

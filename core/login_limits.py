@@ -20,7 +20,8 @@ from client address A meets, in this order:
    one address, served address by address in turn and, within one address, known browsers
    first, then clean pairs, then suspects; each address waits in a bounded queue. A flood from
    one address waits for its own turns; it never takes another address's. An unknown name is
-   never hashed: it waits as long as a check takes, then fails like a wrong password.
+   hashed too (against a hash of no one's password, core.auth), in the same turns, and fails like
+   a wrong password.
 
 An admitted attempt counts as a failure at once (so attempts sent together cannot all pass
 before the first fails); a success forgets the pair's failures and takes itself off the
@@ -451,10 +452,6 @@ class LoginLimits:
             right = await asyncio.to_thread(check)
             self.typical_check_s = 0.8 * self.typical_check_s + 0.2 * (time.perf_counter() - started)
         return right
-
-    async def pretend_check(self) -> None:
-        """What an unknown name gets instead of a check: the time one takes, without its CPU."""
-        await asyncio.sleep(self.typical_check_s)
 
     async def aclose(self) -> None:
         await self.table.aclose()

@@ -10,7 +10,8 @@ The app's tables: `replies` (one per streamed answer, with its figures),
 `compare_rounds` + `round_columns` (a compare or blind round and which backend
 each column ran), `votes` (one per person per round, enforced by two unique
 indexes), `capacity_sweeps` (a teacher's sweep from the engine panel), `login_attempts` (failed logins
-counted for the login limits, shared by every replica: store/login_attempts.py) and
+counted for the login limits, shared by every replica: store/login_attempts.py),
+`revoked_tokens` + `signed_out` (login tokens the app no longer accepts: store/revocations.py) and
 `schema_version` (what `Store.migrate()` has applied).
 
 Changing the schema: bump `SCHEMA_VERSION`. A new table or a new column needs
@@ -46,7 +47,8 @@ from sqlalchemy.types import TypeDecorator
 # person per round (the unique constraint on round_id becomes two unique indexes). 4: capacity_sweeps.
 # 5: login_attempts. 6: compare_rounds.person, speed_seen and not_blind_reason (the blind rule per person,
 # core/disclosure.py), filled in for older rounds with a logged-in owner; indexes for the rule's queries.
-SCHEMA_VERSION = 6
+# 7: revoked_tokens and signed_out.
+SCHEMA_VERSION = 7
 
 JsonDocument = JSON().with_variant(JSONB(), "postgresql")
 TextList = JSON().with_variant(ARRAY(Text()), "postgresql")
@@ -274,6 +276,22 @@ login_attempts = Table(
     Column("failures", Integer, nullable=False),
     Column("last_failure_s", Float, nullable=False, index=True),  # the clean-up deletes by it
     Column("not_before_s", Float, nullable=False),
+)
+
+# Login tokens the app no longer accepts though their signature and time are good (core/revocations.py has
+# the rule, store/revocations.py reads and writes them; every replica reads them every few seconds).
+# A token that logged out, by its SHA-256 (never the token): kept until the token itself expires.
+revoked_tokens = Table(
+    "revoked_tokens", metadata,
+    Column("digest", Text, primary_key=True),
+    Column("expires_s", Float, nullable=False, index=True),  # the token's exp (epoch seconds); the clean-up deletes by it
+)
+
+# A person a teacher signed out: every token of theirs issued before `before_s` (epoch seconds) is refused.
+signed_out = Table(
+    "signed_out", metadata,
+    Column("identifier", Text, primary_key=True),
+    Column("before_s", Float, nullable=False),
 )
 
 schema_version = Table(

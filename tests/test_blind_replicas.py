@@ -217,7 +217,7 @@ async def test_schema_6_gives_older_rounds_their_logged_in_owner_and_the_rule_it
                     await connection.execute(text(
                         "INSERT INTO round_columns (round_id, label, position, backend) VALUES (:id, :l, :p, :b)"),
                         {"id": round_id, "l": label, "p": position, "b": backend})
-        assert await store.migrate() == schema.SCHEMA_VERSION == 6
+        assert await store.migrate() == schema.SCHEMA_VERSION >= 6
         assert [r.id for r in await store.waiting_blind_rounds("user:alice")] == ["with-login"]
         assert (await store.get_round("without")).person is None
         async with store._transaction() as connection:

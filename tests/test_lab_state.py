@@ -132,5 +132,5 @@ def test_every_answer_carries_the_image_policy_and_the_referrer_policy(login_app
     for path in ("/", "/login", "/auth/config"):
         answer = requests.get(login_app.url + path, timeout=10)
         assert answer.headers["Content-Security-Policy"] == (
-            "img-src 'self' data: blob:; media-src 'self' data: blob:"), path
+            "img-src 'self' data: blob:; media-src 'self' data: blob:; frame-ancestors 'self'"), path
         assert answer.headers["Referrer-Policy"] == "same-origin", path

@@ -1,9 +1,11 @@
 """What a message or a button asks for: a reply (single or round), or a report.
 
-`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status`, `/prompt`, `/trace` and
-`/close_rounds` (a teacher closes the class's open blind rounds) are
+`/leaderboard`, `/stats`, `/replay`, `/engines`, `/bench`, `/status`, `/prompt`, `/trace`,
+`/close_rounds` (a teacher closes the class's open blind rounds) and `/sign_out` (a teacher ends
+a person's logins, or everyone else's: ui/sign_out.py) are
 Chainlit commands (picked from the composer) and also work typed as text; `/leaderboard` takes a
-filter ("/leaderboard category=code lang=zh"), `/trace` "notext" (the class's trace without texts). A message in compare or blind mode starts a round;
+filter ("/leaderboard category=code lang=zh"), `/trace` "notext" (the class's trace without texts),
+`/sign_out` a user name or "all". A message in compare or blind mode starts a round;
 otherwise the session's backend answers. Each asks the person's blind rule first (core.disclosure):
 while a blind round of theirs waits for its vote, a view or a reply that could name its columns
 waits, unless the person insists ("Show anyway", `insist`): the round then no longer counts as blind.
@@ -20,14 +22,18 @@ from backends.base import on_behalf_of
 from core import reports as core_reports
 from core.round_flow import give_up_rounds
 from ui import engines_view, reports_view as reports, rounds_view, session_memory as memory, session_view as session
+from ui.sign_out import sign_out_command
 from ui.chat_history import history_written
 from core.texts import text
 
-COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt", "trace", "close_rounds")
+COMMANDS = ("leaderboard", "stats", "replay", "engines", "bench", "status", "prompt", "trace", "close_rounds",
+            "sign_out")
 COMMAND_ICONS = {"leaderboard": "trophy", "stats": "chart-column", "replay": "repeat", "engines": "gauge",
                  "bench": "timer", "status": "activity", "prompt": "shuffle", "trace": "download",
-                 "close_rounds": "lock-open"}
-TAKES_ARGUMENTS = ("leaderboard", "trace")
+                 "close_rounds": "lock-open", "sign_out": "log-out"}
+TAKES_ARGUMENTS = ("leaderboard", "trace", "sign_out")
+# Commands without a button under the backends' status: they need an argument.
+NO_BUTTON = ("sign_out",)
 
 
 async def announce_commands() -> None:
@@ -43,7 +49,7 @@ def report_actions() -> list[cl.Action]:
     """Buttons for the reports, shown under the backends' status."""
     lang = session.lang()
     return [cl.Action(name=name, payload={}, label=text(f"action_{name}", lang), icon=COMMAND_ICONS[name])
-            for name in COMMANDS]
+            for name in COMMANDS if name not in NO_BUTTON]
 
 
 def typed_command(content: str) -> tuple[str, str] | None:
@@ -89,6 +95,9 @@ async def answer(user_text: str) -> None:
 
 
 async def run_command(name: str, arguments: str = "") -> None:
+    if name == "sign_out":  # no blind round waits on it; it checks the teacher before anything is said
+        await sign_out_command(arguments)
+        return
     rule = await session.current_rule()  # the person's: a round in another tab or replica holds it too
     wait = rule.refusal(name)
     if wait is not None:  # core.disclosure: it could tie a blind round's column to its backend

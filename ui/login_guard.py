@@ -10,8 +10,11 @@ address and cookies, and applies `core.login_limits` (the rules are there):
        HTTP 429  {"detail": "too many attempts, try again in 42 s"}  Retry-After: 42
 
    (the login page shows "Too many sign-in attempts", .chainlit/translations).
-2. An unknown name waits as long as a check takes, then gets the same 401 as
-   a wrong password ("wrong user name or password"); a known one is checked on a worker thread in its address's turn.
+2. The password is checked on a worker thread in its address's turn. A name
+   that is not a user's goes the same way, checked against a hash of no one's
+   password (core.auth.dummy_hash), and gets the same 401 as a wrong password
+   ("wrong user name or password"): the same turn and the same CPU, so its
+   answer comes no sooner.
 3. A right password: the limits forget the pair's failures, Chainlit's route
    makes the login (its callback only accepts the name this route has just
    checked, so the password is hashed once and nothing reaches Chainlit's route
@@ -105,9 +108,6 @@ def install(auth: AuthConfig, limits: LoginLimits | None = None) -> None:
         verdict = await limits.admit(name, address, known=known, device=device)
         if not verdict.admitted:
             return too_many(verdict.wait_s)
-        if not known:
-            await limits.pretend_check()
-            raise wrong()
         try:
             right = await limits.check(address, verdict.priority, lambda: auth.check(name, password))
         except Busy as busy:
