@@ -98,8 +98,9 @@ def write_replay(fit: ClassFit, directory: Path, trace_path: Path) -> dict[str, 
     shape = fit.shape
     lines += ["", "## Conditions", "",
               f"- Trace: `{trace_path.name}`: {shape.students} students, {shape.messages} messages in "
-              f"{shape.conversations} conversations over {shape.duration_s:.0f} s; at most {shape.most_at_once} "
-              "at once in class.",
+              f"{shape.conversations} conversations over {shape.duration_s:.0f} s; "
+              + (f"at most {shape.most_at_once} at once in class." if shape.most_at_once is not None else
+                 "how many were at once in class is not recorded (the trace has no durations)."),
               f"- Pace x{fit.speed:g}; students x{', x'.join(f'{f:g}' for f in fit.factors)}; every reply as long as "
               "in class (ignore_eos), greedy; a conversation's turn leaves at its time or after the turn before.",
               f"- SLO: {fit.slo.as_dict()}; a failed reply misses it.",

@@ -176,3 +176,62 @@ def test_bench_replay_sends_the_class_to_a_real_server_and_answers_per_engine(to
     assert "Today's class (2 students, 4 messages" in done.stdout and "Paced" in done.stdout, done.stdout[-1500:]
     assert "Paced" in (tmp_path / "out" / "replay.md").read_text()
     assert json.loads((tmp_path / "out" / "summary.json").read_text())  # written, and JSON
+
+
+def aiperf_lines(with_texts: bool) -> list[dict]:
+    """A plain Mooncake/AIPerf trace: no `serving_lab`, no turn field, no durations; two conversations,
+    the first of three turns (its lines in the file's order), the second of one."""
+    lines = []
+    for at_ms, session, question in ((0, "conv-0", "What is a token?"), (200, "conv-1", "What is a GPU?"),
+                                     (400, "conv-0", "Is one word one token?"), (800, "conv-0", "And in Chinese?")):
+        line = {"timestamp": at_ms, "session_id": session, "output_length": 4}
+        if with_texts:
+            line["messages"] = [{"role": "user", "content": question}]
+        else:
+            line.update(input_length=40, hash_ids=[0, 1])
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("with_texts", [True, False], ids=["with texts", "lengths and hash ids"])
+def test_a_plain_aiperf_trace_numbers_each_conversations_turns_in_its_file_order(tmp_path, with_texts):
+    path = tmp_path / "aiperf.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in aiperf_lines(with_texts)))
+    trace = read_trace(path)
+    assert [(r.session_id, r.turn) for r in trace] == [("conv-0", 1), ("conv-1", 1), ("conv-0", 2), ("conv-0", 3)]
+    assert class_shape(trace).most_at_once is None  # not recorded: never 0
+
+
+def test_bench_replay_of_a_plain_aiperf_trace_lists_every_turn_and_says_at_once_is_not_recorded(tmp_path):
+    """The CLI on a trace it did not write (over real HTTP, the paced stand-in): requests.csv labels
+    each line with its own turn, "TTFT by turn" has turns 1, 2 and 3, and replay.md and the
+    answer say how many were at once is not recorded."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    from config import REPO
+    from servers.app import backend_env
+    from servers.paced_openai import start_paced_server
+
+    path = tmp_path / "aiperf.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in aiperf_lines(with_texts=True)))
+    server = start_paced_server(400, 50, name="paced-replay-aiperf")
+    try:
+        env = {**os.environ, "BACKENDS": "paced", "DEFAULT_BACKEND": "paced",
+               **backend_env("paced", kind="openai", base_url=server.base_url, label="Paced")}
+        done = subprocess.run([sys.executable, "-m", "bench", "replay", str(path), "--backends", "paced",
+                               "--users", "x1", "--speed", "4", "--output", str(tmp_path / "out")],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    with (tmp_path / "out" / "requests.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted((row["conversation"], row["turn"]) for row in rows) == [("0", "1"), ("0", "2"), ("0", "3"),
+                                                                          ("1", "1")]
+    report = (tmp_path / "out" / "replay.md").read_text()
+    assert "turn 1:" in report and "turn 2:" in report and "turn 3:" in report
+    assert "at most 0" not in report and "at once in class is not recorded" in report
+    assert "how many at once was not recorded" in done.stdout

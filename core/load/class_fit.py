@@ -31,11 +31,13 @@ from core.load.trace import ClassShape, TraceRequest, class_shape, scaled, synth
 
 TEXTS = {
     "en": {"class": "{title} ({students} students, {messages} messages, at most {at_once} at once)",
+           "class_no_spans": "{title} ({students} students, {messages} messages; how many at once was not recorded)",
            "today": "Today's class", "window": "Today's busiest {minutes:g} minutes",
            "met": "{cls} would have met {slo} for {shares}",
            "share": "{share:.0%} of replies on {engine}", "scaled": "at {factor} the class, {shares}",
            "twice": "twice", "times": "{n:g} times", "and": " and ", "none": "no engine could be measured"},
     "zh": {"class": "{title}（{students} 名学生，{messages} 条消息，最多 {at_once} 条同时进行）",
+           "class_no_spans": "{title}（{students} 名学生，{messages} 条消息；同时进行的条数没有记录）",
            "today": "今天的课", "window": "今天最忙的 {minutes:g} 分钟",
            "met": "{cls}在{shares}的回复能做到{slo}",
            "share": "{engine} 上有 {share:.0%}", "scaled": "学生数为 {factor}时，依次为{shares}",
@@ -160,8 +162,8 @@ class ClassFit:
             return _t(lang, "none")
         shape = self.shape
         title = _t(lang, "today") if self.title == "today" else _t(lang, "window", minutes=self.window_minutes or 0)
-        cls = _t(lang, "class", title=title, students=shape.students, messages=shape.messages,
-                 at_once=shape.most_at_once)
+        cls = _t(lang, "class" if shape.most_at_once is not None else "class_no_spans", title=title,
+                 students=shape.students, messages=shape.messages, at_once=shape.most_at_once)
 
         def shares(factor: float, full: bool) -> str:
             parts = []

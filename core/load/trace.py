@@ -110,7 +110,7 @@ class TraceRequest:
         if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hash_ids):
             raise fail('"hash_ids" must be a list of whole numbers')
         return cls(timestamp_ms=float(timestamp), session_id=str(data.get("session_id") or f"line-{where}"),
-                   user=str(ours.get("user") or data.get("session_id") or where), turn=int(ours.get("turn") or 1),
+                   user=str(ours.get("user") or data.get("session_id") or where), turn=int(ours.get("turn") or 0),
                    input_length=int(input_length or 0), output_length=output_length, hash_ids=tuple(hash_ids),
                    messages=messages, backend=ours.get("backend"), ttft_ms=ours.get("ttft_ms"),
                    cached_tokens=ours.get("cached_tokens"), block_size=int(ours.get("block_size") or BLOCK_SIZE),
@@ -236,7 +236,18 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
         trace.append(TraceRequest.from_json(data, f"{path.name}:{number}"))
     if not trace:
         raise TraceError(f"{path} holds no requests")
-    return sorted(trace, key=lambda r: r.timestamp_ms)
+    return sorted(numbered_turns(trace), key=lambda r: r.timestamp_ms)
+
+
+def numbered_turns(trace: Sequence[TraceRequest]) -> list[TraceRequest]:
+    """Each request whose line names no turn (a plain Mooncake/AIPerf trace) becomes its
+    conversation's n-th turn, n its place among the conversation's lines in the file."""
+    seen: dict[str, int] = {}
+    numbered = []
+    for request in trace:
+        seen[request.session_id] = seen.get(request.session_id, 0) + 1
+        numbered.append(request if request.turn >= 1 else replace(request, turn=seen[request.session_id]))
+    return numbered
 
 
 # ---------------------------------------------------------------- what the class looked like
@@ -249,13 +260,15 @@ class ClassShape:
     students: int
     messages: int
     conversations: int
-    most_at_once: int
+    most_at_once: int | None  # None: not recorded (the trace holds no request's span in class)
     duration_s: float
 
 
 def class_shape(trace: Sequence[TraceRequest], ends_ms: Sequence[float] | None = None) -> ClassShape:
     """The class's size; `most_at_once` from each request's span in class (its timestamp to its end in
-    `ends_ms`, else to its timestamp plus its duration in class, else its TTFT)."""
+    `ends_ms`, else to its timestamp plus its duration in class, else its TTFT); None where the trace
+    records none of these (a plain Mooncake/AIPerf trace): not 0."""
+    recorded = ends_ms is not None or any(r.duration_ms is not None or r.ttft_ms is not None for r in trace)
     events = []
     for index, request in enumerate(trace):
         span = request.duration_ms if request.duration_ms is not None else (request.ttft_ms or 0.0)
@@ -266,7 +279,7 @@ def class_shape(trace: Sequence[TraceRequest], ends_ms: Sequence[float] | None =
         running += change
         most = max(most, running)
     return ClassShape(students=len({r.user for r in trace}), messages=len(trace),
-                      conversations=len({r.session_id for r in trace}), most_at_once=most,
+                      conversations=len({r.session_id for r in trace}), most_at_once=most if recorded else None,
                       duration_s=(max((r.timestamp_ms for r in trace), default=0.0)) / 1000.0)
 
 
