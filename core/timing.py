@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from typing import AsyncIterator, Callable, Iterable, Literal, Sequence
 
 from backends.base import ServerFigures, StreamChunk
@@ -302,9 +302,14 @@ class StreamMeter:
             token_source = "estimated: one token per chunk with text (the server reported no counts)"
         first_token_s = self._since_start(self._first_token_at)
         last_chunk_s = self._since_start(self._last_chunk_at)
-        ms_per_output_token = None
-        if first_token_s is not None and last_chunk_s is not None and tokens >= 2:
+        # TPOT (vLLM's: end of generation - TTFT over the tokens after the first) and tokens/s over the
+        # same span, so each is the other's inverse; the end of generation is the last token or the
+        # chunk that says it finished, whichever came last (live, tokens/s runs to the latest token).
+        ms_per_output_token = decode_rate = None
+        if first_token_s is not None and last_chunk_s is not None and tokens >= 2 and last_chunk_s > first_token_s:
             ms_per_output_token = (last_chunk_s - first_token_s) / (tokens - 1) * 1000.0
+            decode_rate = 1000.0 / ms_per_output_token
+        server = possible_server_figures(server, first_token_s)
         start = self._start if self._start is not None else now
         chunk_times = tuple(t - start for t in self._chunk_times)
         chunk_tokens = tuple(self._chunk_tokens)
@@ -318,7 +323,7 @@ class StreamMeter:
             first_token_s=first_token_s,
             last_chunk_s=last_chunk_s,
             output_tokens=tokens,
-            decode_tokens_per_s=self._decode_rate(tokens),
+            decode_tokens_per_s=decode_rate,
             ms_per_output_token=ms_per_output_token,
             itl=InterTokenLatency.of(chunk_times, chunk_tokens),
             finish_reason=self._finish_reason,
@@ -330,6 +335,61 @@ class StreamMeter:
             chunk_tokens=chunk_tokens,
             error=error,
         )
+
+
+# How far two figures may disagree and still be the same fact (rounding, float error).
+RELATION_TOLERANCE = 0.01
+
+
+def possible_server_figures(server: ServerFigures | None, first_token_s: float | None) -> ServerFigures | None:
+    """The engine's report without what cannot be true of this reply: a prefill that took longer
+    than the first token took to arrive here (its counter included other time) is "not reported",
+    and so is a cached count above the prompt's. Every engine's report passes here."""
+    if server is None:
+        return None
+    changes: dict = {}
+    if (server.cached_prompt_tokens is not None and server.input_tokens is not None
+            and server.cached_prompt_tokens > server.input_tokens):
+        changes["cached_prompt_tokens"] = None
+    if first_token_s and server.prompt_s is not None and server.prompt_s > first_token_s * (1 + RELATION_TOLERANCE):
+        changes.update(prompt_s=None, prompt_tokens_per_s=None)
+    computed = ServerFigures(**{**{f.name: getattr(server, f.name) for f in fields(server)}, **changes}
+                             ).computed_prompt_tokens
+    rate = changes.get("prompt_tokens_per_s", server.prompt_tokens_per_s)
+    if rate and computed and first_token_s and rate < computed / first_token_s * (1 - RELATION_TOLERANCE):
+        changes["prompt_tokens_per_s"] = None
+    return replace(server, **changes) if changes else server
+
+
+def figure_problems(record: dict) -> list[str]:
+    """The relations a reply's figures must keep (`RequestRecord.as_dict()`, as stored), broken:
+    cached at most the prompt; prefill speed at least the computed prompt over TTFT; tokens/s times
+    the span from the first token to the end of generation = the tokens after the first; TPOT the
+    inverse of tokens/s; the
+    engine's own TPOT the inverse of its tokens/s. Empty when every one holds or is not defined."""
+    problems = []
+    server = record.get("server") or {}
+    first, tokens = record.get("first_token_s"), record.get("output_tokens") or 0
+    prompt, cached = server.get("input_tokens"), server.get("cached_prompt_tokens")
+    if prompt is not None and cached is not None and cached > prompt:
+        problems.append(f"cached {cached} > prompt {prompt} tokens")
+    rate = server.get("prompt_tokens_per_s")
+    if rate and prompt is not None and cached is not None and first:
+        computed = max(prompt - cached, 0)
+        if computed and rate < computed / first * (1 - RELATION_TOLERANCE):
+            problems.append(f"prefill {rate:.1f} tokens/s < {computed} computed tokens / TTFT {first * 1000:.0f} ms")
+    speed, tpot, last = record.get("decode_tokens_per_s"), record.get("ms_per_output_token"), record.get("last_chunk_s")
+    if speed and first is not None and last is not None and tokens >= 2:
+        span = last - first
+        if abs(speed * span - (tokens - 1)) > max(0.5, (tokens - 1) * RELATION_TOLERANCE):
+            problems.append(f"{speed:.2f} tokens/s x {span:.3f} s != {tokens - 1} tokens after the first")
+    if speed and tpot and abs(speed * tpot / 1000.0 - 1) > RELATION_TOLERANCE:
+        problems.append(f"TPOT {tpot:.2f} ms is not the inverse of {speed:.2f} tokens/s")
+    server_speed, server_tpot = server.get("decode_tokens_per_s"), server.get("time_per_output_token_s")
+    if server_speed and server_tpot and abs(server_speed * server_tpot - 1) > RELATION_TOLERANCE:
+        problems.append(f"the engine's TPOT {server_tpot * 1000:.2f} ms is not the inverse of its "
+                        f"{server_speed:.2f} tokens/s")
+    return problems
 
 
 class TimedStream:

@@ -46,3 +46,21 @@ def pytest_collection_modifyitems(items):
             node.own_markers[:] = [mark for mark in node.own_markers if mark.name not in USES_MARKERS]
         for name in uses_markers(item.fixturenames):
             item.add_marker(name)
+
+
+@pytest.fixture(autouse=True)
+def stored_replies_keep_their_figures_relations(monkeypatch):
+    """Every reply stored in this process is checked as it is saved (core.timing.figure_problems):
+    prefill speed, cached tokens, tokens/s, TPOT agree with each other, or the save fails where the
+    reply was made. The apps the tests start are checked as they stop (tests/fixtures_app.py)."""
+    from core.timing import figure_problems
+    from store.db import Store
+
+    save = Store.save_reply
+
+    async def checked(self, reply):
+        problems = figure_problems(reply.record)
+        assert not problems, f"{reply.backend} reply {reply.id}: {problems}"
+        return await save(self, reply)
+
+    monkeypatch.setattr(Store, "save_reply", checked)

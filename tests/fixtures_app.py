@@ -78,6 +78,23 @@ def app_factory() -> Iterator[Callable[..., AppServer]]:
     yield start
     for app in reversed(started):
         app.stop()
+    broken = {app.process.name: stored_figure_problems(app.env["DATABASE_URL"]) for app in started}
+    broken = {name: problems for name, problems in broken.items() if problems}
+    assert not broken, f"stored replies whose figures disagree with each other: {broken}"
+
+
+def stored_figure_problems(database_url: str) -> list[str]:
+    """Every reply an app stored, checked against the relations its figures must keep
+    (core.timing.figure_problems): a figure that breaks one fails the tests that made it."""
+    from core.timing import figure_problems
+    from store.errors import StoreError
+
+    try:
+        replies = run_coroutine(stored(database_url, "replies", 100_000))
+    except StoreError:  # a database a test took away (the faults tests): nothing to read
+        return []
+    return [f"{reply.backend} reply {reply.id}: {'; '.join(problems)}"
+            for reply in replies if (problems := figure_problems(reply.record))]
 
 
 @pytest.fixture(scope="module")

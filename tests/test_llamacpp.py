@@ -275,3 +275,20 @@ async def test_the_engines_own_timing_rides_beside_ours(llama):
     assert 0 < server.decode_s <= record.last_chunk_s - record.first_token_s + 0.25
     assert server.decode_tokens_per_s and server.decode_tokens_per_s > 0
     assert server.prompt_s is not None and server.prompt_s <= record.first_token_s
+
+
+async def test_a_fresh_models_first_reply_reports_a_prefill_it_could_have_made():
+    """A fresh app's first reply said "44 prompt tokens, prefill 4 tokens/s" beside a TTFT of 363 ms:
+    llama.cpp timed its first prompt batch from the load's warm-up decode, every second since the
+    load. A model of its own (another context size), asked a few seconds after it loaded: its
+    prefill fits inside the TTFT, and its speed is at least the computed prompt over the TTFT."""
+    backend = LlamaCppBackend(BackendConfig(name="fresh", kind="llamacpp", label="fresh", options={"n_ctx": 1536}))
+    await backend.ensure_loaded()
+    await asyncio.sleep(3)  # the app's model loads at start; the class's first message comes later
+    _, record = await measure(backend, [ChatMessage("system", "You are a helpful assistant."),
+                                        *ask("What is a token? Answer in one sentence.")],
+                              GenerationParams(temperature=0.0, max_new_tokens=8))
+    server = record.server
+    assert server.cached_prompt_tokens == 0 and server.input_tokens > 20
+    assert server.prompt_s is not None and server.prompt_s <= record.first_token_s
+    assert server.prompt_tokens_per_s >= server.computed_prompt_tokens / record.first_token_s

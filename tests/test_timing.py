@@ -28,7 +28,9 @@ def test_ttft_skips_the_empty_role_chunk_and_rate_excludes_ttft():
     assert record.first_token_s == pytest.approx(0.5)
     assert record.output_tokens == 11
     # 10 intervals of 0.1 s after the first token: exactly 10 tokens/s, TTFT not included.
-    assert record.decode_tokens_per_s == pytest.approx(10.0)
+    # 10 tokens after the first until the finish chunk ended generation: TTFT not included, and
+    # tokens/s is TPOT's inverse (one span for both).
+    assert record.decode_tokens_per_s == pytest.approx(10 / 1.05)
     # TPOT (vLLM): (end of generation - TTFT) / (n - 1); the finish chunk ends generation,
     # the trailing usage chunk and the closing of the stream do not.
     assert record.last_chunk_s == pytest.approx(1.55)
@@ -53,7 +55,7 @@ def test_ttft_is_the_first_token_even_when_its_text_is_held_back():
     assert record.first_token_s == pytest.approx(0.310)
     assert record.output_tokens == 6 and record.tokens_exact
     assert record.ms_per_output_token == pytest.approx((1.7 - 0.310) / 5 * 1000)  # vLLM's TPOT
-    assert record.decode_tokens_per_s == pytest.approx(5 / (1.661 - 0.310))
+    assert record.decode_tokens_per_s == pytest.approx(5 / (1.7 - 0.310))  # TPOT's inverse
 
 
 def test_a_held_back_token_starts_the_watchdogs_stall_clock_not_its_first_token_limit():
@@ -246,3 +248,46 @@ async def test_a_records_dict_is_what_dataclasses_asdict_gives_with_or_without_i
     assert record.as_dict(include_timeline=True) == whole
     assert record.as_dict() == {name: value for name, value in whole.items()
                                 if name not in ("chunk_times_s", "chunk_tokens")}
+
+
+def consistent_record():
+    timeline = [(0.2 + 0.05 * i, StreamChunk(text="x", token_count=1)) for i in range(9)]
+    timeline.append((0.62, StreamChunk(finish_reason="stop", token_count=0, server_figures=ServerFigures(
+        "engine", input_tokens=40, cached_prompt_tokens=10, prompt_s=0.15, prompt_tokens_per_s=200.0,
+        decode_tokens_per_s=20.0, time_per_output_token_s=0.05))))
+    return run(StreamMeter(), timeline, end=0.65)
+
+
+def test_a_replys_figures_keep_their_relations_and_each_broken_one_is_named():
+    from core.timing import figure_problems
+
+    record = consistent_record()
+    assert figure_problems(record.as_dict()) == []  # the control
+    assert record.decode_tokens_per_s * record.ms_per_output_token == pytest.approx(1000)
+    good = record.as_dict()
+    broken = {
+        "cached 50 > prompt 40": {"server": {**good["server"], "cached_prompt_tokens": 50}},
+        "prefill 50.0 tokens/s < 30 computed tokens / TTFT 200 ms": {"server": {**good["server"],
+                                                                            "prompt_tokens_per_s": 50.0}},
+        "tokens after the first": {"decode_tokens_per_s": good["decode_tokens_per_s"] * 1.2},
+        "TPOT": {"ms_per_output_token": good["ms_per_output_token"] * 1.2},
+        "the engine's TPOT": {"server": {**good["server"], "time_per_output_token_s": 0.06}},
+    }
+    for expected, change in broken.items():
+        problems = figure_problems({**good, **change})
+        assert any(expected in problem for problem in problems), (expected, problems)
+
+
+def test_an_engines_impossible_prompt_figures_are_not_reported():
+    """A prefill that took longer than the first token took to arrive (the engine's counter held other
+    time: llama.cpp's first reply after its warm-up did) and a cached count above the prompt's are
+    "not reported"; a possible report is kept as it is (the control)."""
+    from core.timing import possible_server_figures
+
+    kept = ServerFigures("engine", input_tokens=44, cached_prompt_tokens=0, prompt_s=0.3, prompt_tokens_per_s=146.7)
+    assert possible_server_figures(kept, first_token_s=0.363) is kept
+    slow = ServerFigures("engine", input_tokens=44, cached_prompt_tokens=0, prompt_s=11.0, prompt_tokens_per_s=4.0)
+    dropped = possible_server_figures(slow, first_token_s=0.363)
+    assert dropped.prompt_tokens_per_s is None and dropped.prompt_s is None and dropped.input_tokens == 44
+    odd = possible_server_figures(ServerFigures("engine", input_tokens=10, cached_prompt_tokens=12), first_token_s=0.1)
+    assert odd.cached_prompt_tokens is None and odd.input_tokens == 10
