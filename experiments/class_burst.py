@@ -87,6 +87,7 @@ OPEN_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 300.0
 SETTLE_S = 0.5
 CPU_RATIO_GOAL = 1.5
+JOIN_CPU_RATIO_GOAL = 1.3  # joining and sending: every chat start's work counts on both sides
 FIRST_TEXT_GOAL_MS = 50.0
 REPLY_END_GOAL_MS = 100.0
 MAX_STUDENTS = 250  # students at once, the bound of any load this script sends (loopback only)
@@ -410,6 +411,7 @@ class Phase:
     flavour: str
     students: int
     columns: int
+    scenario: str = "connected"  # "connected": every tab open, then all send; "join": open and send at once
     replies: int = 0
     expected: int = 0
     cpu_s: float = 0.0
@@ -442,7 +444,8 @@ class Phase:
     @property
     def name(self) -> str:
         mode = "chat" if self.columns == 1 else f"compare x{self.columns}"
-        return f"{self.students} students, {mode}, {self.flavour}"
+        joining = ", join+send" if self.scenario == "join" else ""
+        return f"{self.students} students{joining}, {mode}, {self.flavour}"
 
     @property
     def cpu_ms_per_reply(self) -> float | None:
@@ -458,21 +461,32 @@ class Phase:
 
 
 async def burst(app: App | Deployment, server: PacedServer, students: int, columns: int,
-                profile_dir: Path | None) -> Phase:
-    """Open `students` chats, then send one message from each at the same moment; measure."""
-    phase = Phase(app.flavour, students, columns, expected=students * columns)
+                profile_dir: Path | None, scenario: str = "connected") -> Phase:
+    """Open `students` chats, then send one message from each at the same moment ("connected");
+    or, as a class arrives ("join"), every tab opens its page at the same moment and sends its
+    message as soon as its own chat has started, while the others' first replies stream. Measure."""
+    phase = Phase(app.flavour, students, columns, scenario=scenario, expected=students * columns)
     tabs = [Tab(app.url) for _ in range(students)]
+
+    async def join_and_send(index: int, tab: Tab) -> None:
+        await tab.open()
+        await tab.send(f"Student {index}: explain time to first token.")
+
     try:
-        for start in range(0, students, 10):  # a class opening its pages, ten at a time
-            await asyncio.gather(*(tab.open() for tab in tabs[start:start + 10]))
-        await asyncio.sleep(1.0)  # every chat start has settled
+        if scenario == "connected":
+            for start in range(0, students, 10):  # a class opening its pages, ten at a time
+                await asyncio.gather(*(tab.open() for tab in tabs[start:start + 10]))
+            await asyncio.sleep(1.0)  # every chat start has settled
         seen = len(server.requests())
         profiler = start_profiler(app, profile_dir, phase)
         cpu_before = app.cpu_s()
         threads_before = app.thread_cpu_s()
         started = time.time()
-        await asyncio.gather(*(tab.send(f"Student {index}: explain time to first token.")
-                               for index, tab in enumerate(tabs)))
+        if scenario == "join":  # the CPU of every chat start counts, as the floor's does
+            await asyncio.gather(*(join_and_send(index, tab) for index, tab in enumerate(tabs)))
+        else:
+            await asyncio.gather(*(tab.send(f"Student {index}: explain time to first token.")
+                                   for index, tab in enumerate(tabs)))
         await asyncio.wait_for(asyncio.gather(*(tab.done.wait() for tab in tabs)), REPLY_TIMEOUT_S)
         await asyncio.sleep(SETTLE_S)
         phase.cpu_s = app.cpu_s() - cpu_before
@@ -579,12 +593,14 @@ def print_table(phases: list[Phase]) -> None:
                   f"(server sent -> app stamped)")
 
 
-def pooled(phases: list[Phase], flavour: str, students: int, columns: int) -> Phase | None:
-    """All bursts of one flavour and size together (several rounds: their replies pooled)."""
-    chosen = [p for p in phases if p.flavour == flavour and p.students == students and p.columns == columns]
+def pooled(phases: list[Phase], flavour: str, students: int, columns: int,
+           scenario: str = "connected") -> Phase | None:
+    """All bursts of one flavour, size and scenario together (several rounds: their replies pooled)."""
+    chosen = [p for p in phases if p.flavour == flavour and p.students == students and p.columns == columns
+              and p.scenario == scenario]
     if not chosen:
         return None
-    total = Phase(flavour, students, columns)
+    total = Phase(flavour, students, columns, scenario=scenario)
     for phase in chosen:
         total.replies += phase.replies
         total.expected += phase.expected
@@ -600,16 +616,27 @@ def pooled(phases: list[Phase], flavour: str, students: int, columns: int) -> Ph
     return total
 
 
-def goals_for(phases: list[Phase], sizes: list[tuple[int, int]]) -> list[Goal]:
+def goals_for(phases: list[Phase], sizes: list[tuple[int, int]], scenarios: tuple[str, ...] = ("connected",)
+              ) -> list[Goal]:
+    goals: list[Goal] = []
+    for scenario in scenarios:
+        goals += _goals_of(phases, sizes, scenario)
+    return goals
+
+
+def _goals_of(phases: list[Phase], sizes: list[tuple[int, int]], scenario: str) -> list[Goal]:
     goals: list[Goal] = []
     for students, columns in sizes:
-        floor, app = pooled(phases, "floor", students, columns), pooled(phases, "app", students, columns)
+        floor = pooled(phases, "floor", students, columns, scenario)
+        app = pooled(phases, "app", students, columns, scenario)
         if floor is None or app is None:
             continue
-        what = f"{students} students" + ("" if columns == 1 else f", {columns}-column compare")
+        what = (f"{students} students" + (" joining and sending" if scenario == "join" else "")
+                + ("" if columns == 1 else f", {columns}-column compare"))
         ratio = (app.cpu_ms_per_reply / floor.cpu_ms_per_reply
                  if app.cpu_ms_per_reply and floor.cpu_ms_per_reply else None)
-        goals.append(at_most(f"{what}: CPU per reply, app / floor", ratio, CPU_RATIO_GOAL, digits=2))
+        cpu_goal = JOIN_CPU_RATIO_GOAL if scenario == "join" else CPU_RATIO_GOAL
+        goals.append(at_most(f"{what}: CPU per reply, app / floor", ratio, cpu_goal, digits=2))
         for label, values, bound in (("first text", "first_text_ms", FIRST_TEXT_GOAL_MS),
                                      ("reply end", "reply_end_ms", REPLY_END_GOAL_MS)):
             app_p99, floor_p99 = app.p(getattr(app, values), 99), floor.p(getattr(floor, values), 99)
@@ -646,8 +673,10 @@ async def run(args: argparse.Namespace) -> int:
                     await warm.send("Warm up.")
                     await asyncio.wait_for(warm.done.wait(), REPLY_TIMEOUT_S)
                     await warm.close()
-                    for students in [s for s, c in sizes if c == columns]:
-                        phase = await burst(app, server, students, columns, args.profile)
+                    for students, scenario in [(s, scenario) for s, c in sizes if c == columns
+                                               for scenario in args.scenarios
+                                               if c == 1 or scenario == "connected"]:
+                        phase = await burst(app, server, students, columns, args.profile, scenario)
                         phases.append(phase)
                         print(f"  {phase.name}: {phase.replies}/{phase.expected} replies, "
                               f"CPU/reply {phase.cpu_ms_per_reply or 0:.0f} ms, first text p99 "
@@ -669,7 +698,7 @@ async def run(args: argparse.Namespace) -> int:
         (args.out / "class_burst.json").write_text(json.dumps(
             {"args": {k: str(v) for k, v in vars(args).items()}, "phases": [p.as_dict() for p in phases]}, indent=1))
         print(f"\nwritten: {args.out / 'class_burst.json'}")
-    return exit_status(goals_for(phases, sizes))
+    return exit_status(goals_for(phases, sizes, tuple(args.scenarios)))
 
 
 @dataclass
@@ -773,6 +802,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="tokens/s per reply (50: a token every 20 ms)")
     parser.add_argument("--kind", default="vllm", choices=("vllm", "openai"), help="the app's backend kind (vllm)")
     parser.add_argument("--rounds", type=int, default=1, help="1: floor, app; 2: floor, app, app, floor")
+    parser.add_argument("--scenarios", type=lambda s: [x for x in s.split(",") if x], default=["connected", "join"],
+                        help="connected: every tab open, then all send; join: every tab opens and sends at once, "
+                             "as a class arrives (both; compare rounds: connected only)")
     parser.add_argument("--only", choices=("app", "floor"), help="burst one flavour only (no verdict on ratios)")
     parser.add_argument("--profile", type=Path, help="record the app under each burst with py-spy into this folder")
     parser.add_argument("--out", type=Path, help="write every figure as JSON into this folder")

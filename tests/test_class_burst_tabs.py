@@ -35,7 +35,7 @@ def paced():
     server.stop()
 
 
-def one_burst(app, paced, events: list[str]):
+def one_burst(app, paced, events: list[str], scenario: str = "connected"):
     """A burst of STUDENTS tabs; the names of the events the tabs received are added to `events`."""
     original = Tab._event
 
@@ -45,7 +45,7 @@ def one_burst(app, paced, events: list[str]):
 
     Tab._event = recording
     try:
-        return asyncio.run(burst(app, paced, STUDENTS, 1, None))
+        return asyncio.run(burst(app, paced, STUDENTS, 1, None, scenario))
     finally:
         Tab._event = original
 
@@ -84,3 +84,19 @@ def test_control_the_floors_tabs_get_chainlits_stream_and_measure_every_reply(pa
         app.stop()
     assert "stream_token" in events and "lab_text" not in events
     check(phase)
+
+
+@pytest.mark.parametrize("flavour", ["app", "floor"])
+def test_a_class_that_joins_and_sends_at_once_is_measured_as_each_tab_sent(paced, flavour):
+    """The join-and-send scenario: each tab opens its page and sends as soon as its chat has started,
+    so the messages leave at different moments; every reply is still measured against its own send."""
+    database_dir = Path(tempfile.mkdtemp(prefix="class-burst-join-"))
+    app = start_lab(paced, "openai", 1, database_dir) if flavour == "app" else start_floor(paced, 1)
+    try:
+        phase = one_burst(app, paced, [], scenario="join")
+    finally:
+        app.stop()
+        shutil.rmtree(database_dir, ignore_errors=True)
+    assert phase.scenario == "join" and "join+send" in phase.name
+    check(phase)
+    assert phase.cpu_s > 0  # the chat starts' CPU is inside the measured span
