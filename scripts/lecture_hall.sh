@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A lecture hall on one machine: N app replicas behind Debian's nginx, one PostgreSQL.
 #
-#   bash scripts/lecture_hall.sh [--replicas 2] [--port 8080] [--paced-server] [--logs DIR]
+#   bash scripts/lecture_hall.sh [--replicas 2] [--port 8090] [--paced-server] [--logs DIR]
 #
 # Starts, all on 127.0.0.1: a throwaway PostgreSQL cluster (servers/postgres.py) unless
 # DATABASE_URL is set; N replicas of the app (`chainlit run app.py`, LAB_REPLICA_ID=app-1..N,
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-replicas=2 port=8080 paced=0 logs=""
+replicas=2 port=8090 paced=0 logs=""
 usage() { sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 fail() { echo "lecture_hall: $*" >&2; exit 2; }
 step() { echo "==> [$(date +%H:%M:%S)] $*"; }
