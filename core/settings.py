@@ -37,6 +37,11 @@ class SettingsRejected(ValueError):
         super().__init__("; ".join(problems))
 
 
+# A settings change's fields the panel does not have, by name only: ui/socket_guard.py drops their
+# values before Chainlit keeps them in the session, and names them here so the person is told.
+DROPPED_FIELDS = "dropped_fields"
+MAX_DROPPED_NAMES = 5
+
 @dataclass(frozen=True)
 class SessionSettings:
     """What the settings panel chose for this session."""
@@ -101,7 +106,9 @@ class SessionSettings:
         if backend not in backends:
             raise UnknownBackend(_quoted(backend), backends)
         problems: list[str] = []
-        unknown = sorted(set(values) - {setting.name for setting in fields(cls)})
+        dropped = values.get(DROPPED_FIELDS)  # named where they arrived, their values never kept
+        unknown = sorted((set(values) - {setting.name for setting in fields(cls)} - {DROPPED_FIELDS})
+                         | {str(name) for name in (dropped if isinstance(dropped, list) else [])})
         if unknown:
             problems.append(f"unknown setting(s) {', '.join(_quoted(str(name)) for name in unknown[:5])}: the panel "
                             "has no such field (backend addresses and keys come only from the server's configuration)")

@@ -55,6 +55,7 @@ import socketio
 
 from core.fair_share import Share, ShareLimits
 from core.input import check_client_step, check_message
+from core.settings import DROPPED_FIELDS, MAX_DROPPED_NAMES
 from core.texts import text
 from ui.settings_panel import PANEL_FIELDS
 
@@ -165,17 +166,22 @@ def _checked_edit(handler, editing_on):
 
 
 def panel_values(settings: Any) -> dict:
-    """What a settings change may keep in the session: the panel's own fields, nothing else."""
+    """What a settings change may keep in the session: the panel's own fields, and the names (only,
+    a few, shortened) of any others, for the app to say they were refused."""
     if not isinstance(settings, dict):
         return {}
-    return {key: value for key, value in settings.items() if key in PANEL_FIELDS}
+    kept = {key: value for key, value in settings.items() if key in PANEL_FIELDS}
+    others = [str(key)[:40] for key in settings if key not in PANEL_FIELDS]
+    if others:
+        kept[DROPPED_FIELDS] = sorted(others)[:MAX_DROPPED_NAMES]
+    return kept
 
 
 def _panel_fields_only(handler):
     async def settings_change(sid, settings):
         kept = panel_values(settings)
-        if isinstance(settings, dict) and len(kept) < len(settings):
-            log.warning("a settings change named %d field(s) the panel does not have; dropped", len(settings) - len(kept))
+        if DROPPED_FIELDS in kept:
+            log.warning("a settings change named field(s) the panel does not have; their values were dropped")
         return await handler(sid, kept)
 
     return settings_change
