@@ -148,28 +148,11 @@ def test_bench_replay_sends_the_class_to_a_real_server_and_answers_per_engine(to
     """`python -m bench replay` over real HTTP (the paced stand-in): every request of the trace reaches
     the server once per student factor, a conversation's later turn carries its earlier ones, and
     the answer names the engine in the capacity sweep's words."""
-    import os
-    import subprocess
-    import sys
-
-    from config import REPO
-    from servers.app import backend_env
-    from servers.paced_openai import start_paced_server
-
     trace = trace_from_replies(class_replies(), tokenizer.tokens)
     path = tmp_path / "class.jsonl"
     path.write_bytes(trace_jsonl(trace))
-    server = start_paced_server(400, 50, name="paced-replay")
-    try:
-        env = {**os.environ, "BACKENDS": "paced", "DEFAULT_BACKEND": "paced",
-               **backend_env("paced", kind="openai", base_url=server.base_url, label="Paced")}
-        done = subprocess.run([sys.executable, "-m", "bench", "replay", str(path), "--backends", "paced",
-                               "--users", "x1", "--speed", "4", "--output", str(tmp_path / "out")],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        sent = server.requests()
-    finally:
-        server.stop()
+    done, sent = bench_replay_on_a_paced_server(path, tmp_path / "out")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert len(sent) == len(trace) == 4
     by_text = {entry["last_user_text"]: entry for entry in sent}
     assert by_text["Is one word one token?"]["messages_count"] > by_text["What is a token?"]["messages_count"]
@@ -207,25 +190,10 @@ def test_bench_replay_of_a_plain_aiperf_trace_lists_every_turn_and_says_at_once_
     each line with its own turn, "TTFT by turn" has turns 1, 2 and 3, and replay.md and the
     answer say how many were at once is not recorded."""
     import csv
-    import os
-    import subprocess
-    import sys
-
-    from config import REPO
-    from servers.app import backend_env
-    from servers.paced_openai import start_paced_server
 
     path = tmp_path / "aiperf.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in aiperf_lines(with_texts=True)))
-    server = start_paced_server(400, 50, name="paced-replay-aiperf")
-    try:
-        env = {**os.environ, "BACKENDS": "paced", "DEFAULT_BACKEND": "paced",
-               **backend_env("paced", kind="openai", base_url=server.base_url, label="Paced")}
-        done = subprocess.run([sys.executable, "-m", "bench", "replay", str(path), "--backends", "paced",
-                               "--users", "x1", "--speed", "4", "--output", str(tmp_path / "out")],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    finally:
-        server.stop()
+    done, _ = bench_replay_on_a_paced_server(path, tmp_path / "out")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with (tmp_path / "out" / "requests.csv").open() as handle:
         rows = list(csv.DictReader(handle))
@@ -235,3 +203,26 @@ def test_bench_replay_of_a_plain_aiperf_trace_lists_every_turn_and_says_at_once_
     assert "turn 1:" in report and "turn 2:" in report and "turn 3:" in report
     assert "at most 0" not in report and "at once in class is not recorded" in report
     assert "how many at once was not recorded" in done.stdout
+
+
+def bench_replay_on_a_paced_server(trace_path, out_dir):
+    """`python -m bench replay` of `trace_path` against the paced stand-in, once per student (x1,
+    4 times the pace): the finished process and the requests the server got."""
+    import os
+    import subprocess
+    import sys
+
+    from config import REPO
+    from servers.app import backend_env
+    from servers.paced_openai import start_paced_server
+
+    server = start_paced_server(400, 50, name="paced-replay")
+    try:
+        env = {**os.environ, "BACKENDS": "paced", "DEFAULT_BACKEND": "paced",
+               **backend_env("paced", kind="openai", base_url=server.base_url, label="Paced")}
+        done = subprocess.run([sys.executable, "-m", "bench", "replay", str(trace_path), "--backends", "paced",
+                               "--users", "x1", "--speed", "4", "--output", str(out_dir)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        return done, server.requests()
+    finally:
+        server.stop()
