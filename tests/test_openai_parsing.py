@@ -251,7 +251,12 @@ class CannedServer:
 
 
 class LlamaServerStandIn(CannedServer):
-    """Answers /v1/models like llama.cpp's server and every chat request with one recorded stream."""
+    """Answers /v1/models like llama.cpp's server and every chat request with one recorded stream,
+    after as long as the recording's prompt took (its timings say 35.2 ms): a reply whose first
+    token came before the server's own prefill ended would be impossible, and its prompt
+    figures are then "not reported" (core.timing.possible_server_figures)."""
+
+    PREFILL_S = 0.05
 
     MODELS = json.dumps({"object": "list", "data": [{"id": "smollm2-135m-instruct", "object": "model",
                                                      "owned_by": "llamacpp"}]}).encode()
@@ -264,6 +269,7 @@ class LlamaServerStandIn(CannedServer):
             await writer.drain()
             writer.close()
             return
+        await asyncio.sleep(self.PREFILL_S)
         await super()._answer_after_headers(headers, reader, writer)
 
 
