@@ -37,7 +37,7 @@ logging.getLogger("watchfiles.main").setLevel(logging.WARNING)
 load_env()
 AUTH = current_config()
 # Chainlit's socket: allow_origins (.chainlit/config.toml) applies to it too; oversized messages get an answer.
-guard_socket()
+guard_socket(is_teacher=AUTH.is_teacher)
 # Before the first page: engine imports, the embedded model starts loading (never on the event loop).
 session.start_up()
 

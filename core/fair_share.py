@@ -99,9 +99,3 @@ class Share:
         replying.discard(chat)
         if not replying:
             self._replying.pop(person, None)
-
-    def by_person(self) -> dict[str, dict[str, int]]:
-        """Chats open and replies in flight per person (the teacher's engine panel)."""
-        people = sorted(set(self._sockets) | set(self._replying))
-        return {person: {"chats": len(self._sockets.get(person, ())), "replies": len(self._replying.get(person, ()))}
-                for person in people}

@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import socketio
@@ -56,7 +56,7 @@ import socketio
 from core.fair_share import Share, ShareLimits
 from core.input import check_client_step, check_message
 from core.settings import DROPPED_FIELDS, MAX_DROPPED_NAMES
-from core.texts import text
+from core.texts import language_of, text
 from ui.settings_panel import PANEL_FIELDS
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,6 @@ PING_TIMEOUT_S = 180
 # Seconds a chat whose socket closed keeps its reply: a page that reconnects within this long (a
 # network blip, a restarted Wi-Fi) keeps it; a closed tab's reply is cancelled, its queued work dropped.
 CLOSED_CHAT_GRACE_S = 5.0
-# This process's fair share (core.fair_share), once the socket is guarded: the engine panel shows it.
-SHARE: dict[str, Share] = {}
 
 
 def origin_allowed(origin: str | None, hosts: Sequence[str], listed: Sequence[str]) -> bool:
@@ -104,7 +102,8 @@ def request_hosts(environ: Mapping[str, str]) -> list[str]:
     return hosts
 
 
-def guard_socket(max_message: int = MAX_SOCKET_MESSAGE, ping_timeout_s: float = PING_TIMEOUT_S) -> None:
+def guard_socket(max_message: int = MAX_SOCKET_MESSAGE, ping_timeout_s: float = PING_TIMEOUT_S, *,
+                 is_teacher: Callable[[str], bool] = lambda _: False) -> None:
     """Make Chainlit's socket.io server check each browser connection's Origin, pass messages of up
     to `max_message` to the app and wait `ping_timeout_s` for a busy page (see the module docstring).
     Called before the first connection: each one takes the ping timeout at its handshake."""
@@ -121,11 +120,17 @@ def guard_socket(max_message: int = MAX_SOCKET_MESSAGE, ping_timeout_s: float = 
     sio.eio.ping_timeout = ping_timeout_s
     handlers = sio.handlers["/"]
     share = Share(ShareLimits.from_env(os.environ))
-    SHARE["now"] = share
-    handlers["connect"] = _shared_connect(handlers["connect"], share)
+
+    def capped(session) -> str | None:
+        """Whose caps a session counts against: a student's login. None with login off (nothing tells
+        people apart that a script cannot change) and for a teacher (who runs the room's demos)."""
+        identifier = getattr(getattr(session, "user", None), "identifier", None)
+        return identifier if isinstance(identifier, str) and not is_teacher(identifier) else None
+
+    handlers["connect"] = _shared_connect(handlers["connect"], share, capped)
     handlers["disconnect"] = _shared_disconnect(handlers["disconnect"], share)
     # Checked first: what is not a message never counts as a reply in flight.
-    handlers["client_message"] = _checked_message(_one_reply_at_a_time(handlers["client_message"], share))
+    handlers["client_message"] = _checked_message(_one_reply_at_a_time(handlers["client_message"], share, capped))
     handlers["edit_message"] = _checked_edit(handlers["edit_message"], lambda: config.features.edit_message)
     for event in ("chat_settings_change", "chat_settings_edit"):
         handlers[event] = _panel_fields_only(handlers[event])
@@ -189,27 +194,17 @@ def _panel_fields_only(handler):
 
 # A fair share (core.fair_share) ------------------------------------------------------------------
 
-def _capped_person(session) -> str | None:
-    """Whose caps a session counts against: a student's login. None with login off (nothing tells
-    people apart that a script cannot change) and for a teacher (who runs the room's demos)."""
-    user = getattr(session, "user", None)
-    identifier = getattr(user, "identifier", None)
-    if not isinstance(identifier, str) or (getattr(user, "metadata", None) or {}).get("teacher"):
-        return None
-    return identifier
-
-
 def _language(session) -> str:
-    return "zh" if str(getattr(session, "language", "") or "").lower().startswith("zh") else "en"
+    return language_of(getattr(session, "language", None))
 
 
-def _shared_connect(handler, share: Share):
+def _shared_connect(handler, share: Share, capped):
     async def connect(sid, environ, auth):
         from chainlit.session import WebsocketSession
 
         accepted = await handler(sid, environ, auth)
         session = WebsocketSession.get(sid)
-        person = _capped_person(session)
+        person = capped(session)
         if session is None or person is None:
             return accepted
         if not share.may_open(person):
@@ -250,14 +245,14 @@ def _cancel_if_closed(session, sid: str) -> None:
 _replying: dict[str, asyncio.Task] = {}  # chat (session id) -> its reply's task, while in flight
 
 
-def _one_reply_at_a_time(handler, share: Share):
+def _one_reply_at_a_time(handler, share: Share, capped):
     async def client_message(sid, payload):
         from chainlit.session import WebsocketSession
 
         session = WebsocketSession.get(sid)
         if session is None:
             return await handler(sid, payload)
-        chat, person = session.id, _capped_person(session)
+        chat, person = session.id, capped(session)
         running = _replying.get(chat)
         refusal = "share_one_reply_per_chat" if running is not None and not running.done() else None
         if refusal is None and person is not None:
@@ -287,7 +282,8 @@ def _one_reply_at_a_time(handler, share: Share):
 async def _tell(session, content: str) -> None:
     """A message from the app in the session's chat (outside any reply)."""
     from chainlit.context import init_ws_context
-    from chainlit.message import Message
+
+    from ui.session_view import say
 
     init_ws_context(session)
-    await Message(content=content, author="Serving Lab").send()
+    await say(content)
