@@ -347,26 +347,23 @@ def possible_server_figures(server: ServerFigures | None, first_token_s: float |
     and so is a cached count above the prompt's. Every engine's report passes here."""
     if server is None:
         return None
-    changes: dict = {}
     if (server.cached_prompt_tokens is not None and server.input_tokens is not None
             and server.cached_prompt_tokens > server.input_tokens):
-        changes["cached_prompt_tokens"] = None
+        server = replace(server, cached_prompt_tokens=None)
     if first_token_s and server.prompt_s is not None and server.prompt_s > first_token_s * (1 + RELATION_TOLERANCE):
-        changes.update(prompt_s=None, prompt_tokens_per_s=None)
-    computed = ServerFigures(**{**{f.name: getattr(server, f.name) for f in fields(server)}, **changes}
-                             ).computed_prompt_tokens
-    rate = changes.get("prompt_tokens_per_s", server.prompt_tokens_per_s)
+        server = replace(server, prompt_s=None, prompt_tokens_per_s=None)
+    rate, computed = server.prompt_tokens_per_s, server.computed_prompt_tokens
     if rate and computed and first_token_s and rate < computed / first_token_s * (1 - RELATION_TOLERANCE):
-        changes["prompt_tokens_per_s"] = None
-    return replace(server, **changes) if changes else server
+        server = replace(server, prompt_tokens_per_s=None)
+    return server
 
 
 def figure_problems(record: dict) -> list[str]:
     """The relations a reply's figures must keep (`RequestRecord.as_dict()`, as stored), broken:
     cached at most the prompt; prefill speed at least the computed prompt over TTFT; tokens/s times
     the span from the first token to the end of generation = the tokens after the first; TPOT the
-    inverse of tokens/s; the
-    engine's own TPOT the inverse of its tokens/s. Empty when every one holds or is not defined."""
+    inverse of tokens/s; the engine's own TPOT the inverse of its tokens/s. Empty when every one
+    holds or is not defined."""
     problems = []
     server = record.get("server") or {}
     first, tokens = record.get("first_token_s"), record.get("output_tokens") or 0
