@@ -510,8 +510,10 @@ class _DropMessage(logging.Filter):
 class NotYours(PermissionError):
     """A write that names another person's message (its id came from the browser)."""
 
+    SAID = "that message is not in one of your chats"  # how a route tells it apart once Chainlit wrapped it
+
     def __init__(self, what: str) -> None:
-        super().__init__(f"that message is not in one of your chats: the {what} was not saved")
+        super().__init__(f"{self.SAID}: the {what} was not saved")
 
 
 # Who writes through a REST route (`owned_routes`); a socket's writes are its session's person's.
@@ -544,7 +546,7 @@ def owned_routes() -> None:
         try:
             return await update_feedback(request, update, current_user)
         except HTTPException as error:
-            if "not in one of your chats" in str(error.detail):
+            if NotYours.SAID in str(error.detail):  # Chainlit answers every failure as a 500
                 raise HTTPException(status_code=403, detail=error.detail) from None
             raise
         finally:

@@ -171,7 +171,7 @@ def _add_queue_by_person(engines: list[dict], backends: list) -> None:
         if not callable(waiting) or "rows" not in entry:
             continue
         counts = waiting()
-        shown = " · ".join(f"{person.removeprefix('user:') if person.startswith('user:') else '?'} {count}"
+        shown = " · ".join(f"{person[len('user:'):] if person.startswith('user:') else '?'} {count}"
                            for person, count in sorted(counts.items(), key=lambda item: -item[1]))
         entry["rows"].append({"key": "people", "label": "queue by person", "value": shown or "nobody"})
 
